@@ -1,0 +1,63 @@
+"""Shared fixtures: model checkpoints (built or converted once, cached) and HF references."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from worker.engine.models.loader import resolve_checkpoint_dir
+
+
+@functools.cache
+def checkpoint_dir(spec: str) -> str:
+    """Local HF directory of ``spec`` (tiny models are built, GGUF converted, once)."""
+    return str(resolve_checkpoint_dir(spec))
+
+
+@functools.cache
+def hf_model(spec: str):
+    """The Hugging Face model for ``spec`` in fp32, eval mode (cached per session)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint_dir(spec), dtype=torch.float32)
+    return model.eval()
+
+
+def hf_greedy(spec: str, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """Hugging Face ``generate(do_sample=False)`` on one prompt alone, never stopping early."""
+    model = hf_model(spec)
+    ids = torch.tensor([prompt_ids])
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=0,
+            do_sample=False,
+            eos_token_id=[],  # run to max_new_tokens, like ignore_eos on our side
+            pad_token_id=model.config.pad_token_id or 0,
+        )
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def prompt_token_lists(tokenizer, count: int, seed: int = 0, lo: int = 3, hi: int = 60) -> list[list[int]]:
+    """``count`` prompts of spread-out lengths, from real text, deterministic."""
+    words = ["the", "engine", "schedules", "one", "token", "per", "running", "sequence", "while", "new", "requests", "wait", "for", "free", "blocks", "in", "the", "paged", "cache", "and", "finished", "ones", "leave", "at", "once", "so", "the", "batch", "stays", "full"]
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.linspace(lo, hi, count).round().int().tolist()
+    prompts = []
+    for n in lengths:
+        order = torch.randint(0, len(words), (n,), generator=gen).tolist()
+        ids = tokenizer(" ".join(words[i] for i in order), add_special_tokens=False)["input_ids"]
+        prompts.append(list(ids[:n]) or [1])
+    return prompts
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_engine():
+    """A session-wide engine on the tiny random Llama (tests must leave it drained)."""
+    from worker.engine import LLMEngine
+
+    return LLMEngine(model="tiny-llama", max_num_seqs=32, num_kv_blocks=256, block_size=16)

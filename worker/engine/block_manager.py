@@ -1,0 +1,143 @@
+"""The paged KV pool: fixed-size blocks handed out on demand, with an optional prefix cache.
+
+Free blocks sit in an LRU queue (an insertion-ordered dict: O(1) pop of the oldest and
+O(1) removal when a cached block is revived). With prefix caching on, a full block whose
+K/V has been computed is published under a hash chain (parent hash, tenant salt, the
+block's token ids); a block freed by every owner stays findable until the LRU hands it
+out again. Sequences release their blocks tail first, so a sequence's tail is evicted
+before its head.
+"""
+
+from __future__ import annotations
+
+from worker.engine.sequence import Sequence
+
+
+class BlockManager:
+    """Allocation, reference counts and the prefix cache of ``num_blocks`` KV blocks."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.free_queue: dict[int, None] = dict.fromkeys(range(num_blocks))
+        self.block_hashes: list[int | None] = [None] * num_blocks
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self.cached: dict[int, int] = {}  # hash -> block id
+        self.cache_hits = 0  # blocks served from the cache, since start
+        self.cache_queries = 0  # full prompt blocks looked up, since start
+
+    # -- capacity ---------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks not owned by any sequence (cached or not)."""
+        return len(self.free_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks owned by at least one sequence."""
+        return self.num_blocks - len(self.free_queue)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    def num_new_blocks(self, seq: Sequence, num_tokens: int) -> int:
+        """Extra blocks ``seq`` needs so that ``num_tokens`` of its tokens fit."""
+        return max(0, self.blocks_needed(num_tokens) - len(seq.block_table))
+
+    def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
+        """Whether ``seq`` can hold ``num_tokens`` tokens with the free blocks left."""
+        return self.num_new_blocks(seq, num_tokens) <= len(self.free_queue)
+
+    # -- allocation -------------------------------------------------------------------
+    def grow(self, seq: Sequence, num_tokens: int) -> None:
+        """Append blocks to ``seq`` until it holds ``num_tokens``; caller checked can_grow."""
+        for _ in range(self.num_new_blocks(seq, num_tokens)):
+            seq.block_table.append(self._pop_oldest_free())
+
+    def _pop_oldest_free(self) -> int:
+        block = next(iter(self.free_queue))  # the least recently freed block
+        del self.free_queue[block]
+        self._unpublish(block)
+        self.ref_counts[block] = 1
+        return block
+
+    def free(self, seq: Sequence, *, keep_cached: bool = True) -> None:
+        """Release all of ``seq``'s blocks, tail first; ``keep_cached=False`` drops their hashes."""
+        for block in reversed(seq.block_table):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                if not keep_cached:
+                    self._unpublish(block)
+                self.free_queue[block] = None
+        seq.block_table = []
+        seq.num_hashed_blocks = 0
+        seq.block_hash = None
+
+    # -- prefix cache -----------------------------------------------------------------
+    def _chain(self, parent: int | None, salt: str | None, tokens: tuple[int, ...]) -> int:
+        return hash((parent, salt, tokens))
+
+    def match_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks holding a prefix of ``seq``'s tokens (never its last token)."""
+        if not self.enable_prefix_caching:
+            return []
+        hits: list[int] = []
+        parent: int | None = None
+        bs = self.block_size
+        # The last token is always recomputed so the step has logits to sample from.
+        for i in range((seq.num_tokens - 1) // bs):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            parent = self._chain(parent, seq.tenant, tokens)
+            block = self.cached.get(parent)
+            # Equal hashes are not enough: the stored tokens must match too.
+            if block is None or self.block_tokens[block] != tokens:
+                break
+            hits.append(block)
+        return hits
+
+    def take_cached(self, seq: Sequence, blocks: list[int]) -> None:
+        """Give ``seq`` (holding no blocks) the cached ``blocks`` of its prefix."""
+        assert not seq.block_table, "prefix blocks go to a sequence that holds none"
+        for block in blocks:
+            if self.ref_counts[block] == 0:
+                del self.free_queue[block]
+            self.ref_counts[block] += 1
+        seq.block_table = list(blocks)
+        seq.num_hashed_blocks = len(blocks)
+        seq.block_hash = self.block_hashes[blocks[-1]] if blocks else None
+        seq.num_computed_tokens = len(blocks) * self.block_size
+
+    def publish_full_blocks(self, seq: Sequence) -> None:
+        """Publish ``seq``'s newly completed full blocks (K/V computed) to the cache."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        for i in range(seq.num_hashed_blocks, seq.num_computed_tokens // bs):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            seq.block_hash = self._chain(seq.block_hash, seq.tenant, tokens)
+            block = seq.block_table[i]
+            if seq.block_hash not in self.cached and self.block_hashes[block] is None:
+                self.cached[seq.block_hash] = block
+                self.block_hashes[block] = seq.block_hash
+                self.block_tokens[block] = tokens
+            seq.num_hashed_blocks = i + 1
+
+    def _unpublish(self, block: int) -> None:
+        block_hash = self.block_hashes[block]
+        if block_hash is not None:
+            if self.cached.get(block_hash) == block:
+                del self.cached[block_hash]
+            self.block_hashes[block] = None
+            self.block_tokens[block] = None
+
+    def owned_blocks_consistent(self, seqs: list[Sequence]) -> bool:
+        """Check invariants (for tests): ref counts match owners, used + free = total."""
+        counts = [0] * self.num_blocks
+        for seq in seqs:
+            for block in seq.block_table:
+                counts[block] += 1
+        free_ok = all((counts[b] == 0) == (b in self.free_queue) for b in range(self.num_blocks))
+        return counts == self.ref_counts and free_ok and self.num_used_blocks + self.num_free_blocks == self.num_blocks

@@ -1,0 +1,57 @@
+"""Engine arguments: one validated dataclass, shared by LLM, the CLI and the worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from worker.protocol.sampling_params import InvalidRequestError
+
+POLICIES = ("fcfs", "static", "priority", "sjf", "fair")
+DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB: about 23k tokens of SmolLM2-135M in fp32
+
+
+@dataclass
+class EngineArgs:
+    """Everything that shapes an engine; ``None`` means "derive from the model/device"."""
+
+    model: str = "smollm2-135m"
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    device: str = "auto"  # auto: cuda when available, else cpu
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # overrides kv_cache_memory
+    kv_cache_memory: int | None = None  # bytes for K and V of all layers
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    policy: str = "fcfs"
+    enable_prefix_caching: bool = False
+    enable_chunked_prefill: bool = True
+    attention_backend: str | None = None  # "torch" | "triton"; None picks by device
+    seed: int = 0
+    num_threads: int | None = None  # torch intra-op threads on CPU
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise InvalidRequestError on values no engine can run with."""
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise InvalidRequestError(f"block_size={self.block_size}: must be a power of two")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise InvalidRequestError(f"num_kv_blocks={self.num_kv_blocks}: must be >= 1")
+        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
+            raise InvalidRequestError(f"kv_cache_memory={self.kv_cache_memory}: must be > 0 bytes")
+        if self.max_num_seqs < 1:
+            raise InvalidRequestError(f"max_num_seqs={self.max_num_seqs}: must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise InvalidRequestError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens}: must be >= 1"
+            )
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise InvalidRequestError(f"max_model_len={self.max_model_len}: must be >= 2")
+        if self.policy not in POLICIES:
+            raise InvalidRequestError(f"policy={self.policy!r}: expected one of {POLICIES}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise InvalidRequestError(
+                f"dtype={self.dtype!r}: expected auto, float32, bfloat16 or float16"
+            )

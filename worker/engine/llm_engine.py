@@ -1,0 +1,300 @@
+"""The incremental engine: add requests, step, collect outputs. No Redis, no SQL."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from kernels import get_backend
+from worker.engine.block_manager import BlockManager
+from worker.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineArgs
+from worker.engine.model_runner import ModelRunner, kv_bytes_per_token
+from worker.engine.models.llama import LlamaForPackedCausalLM
+from worker.engine.models.loader import load_checkpoint
+from worker.engine.outputs import RequestMetrics, RequestOutput, StepStats
+from worker.engine.sampler import Sampler, make_generator
+from worker.engine.scheduler import Scheduler, SchedulerOutput
+from worker.engine.sequence import Sequence, SequenceStatus
+from worker.engine.stopping import StopChecker
+from worker.protocol.sampling_params import InvalidRequestError, SamplingParams
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when available, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto`` is fp32 on the CPU (no bf16 matrix units here) and bf16 on CUDA."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+class LLMEngine:
+    """Continuous batching over a paged KV pool, one ``step()`` at a time."""
+
+    def __init__(self, args: EngineArgs | None = None, **kwargs: Any) -> None:
+        self.args = args = args or EngineArgs(**kwargs)
+        self.device = resolve_device(args.device)
+        self.dtype = resolve_dtype(args.dtype, self.device)
+        if args.num_threads and self.device.type == "cpu":
+            torch.set_num_threads(args.num_threads)
+        checkpoint = load_checkpoint(args.model, dtype=torch.float32)
+        self.load_seconds = checkpoint.load_seconds
+        self.model_name = args.model
+        self.tokenizer = checkpoint.tokenizer
+        config = checkpoint.config
+        self.max_model_len = min(args.max_model_len or config.max_position_embeddings,
+                                 config.max_position_embeddings)
+        model = LlamaForPackedCausalLM(config, max_positions=self.max_model_len)
+        model.load_hf_state_dict(checkpoint.state_dict)
+        del checkpoint
+        model.to(device=self.device, dtype=self.dtype).eval()
+        self.block_size = args.block_size
+        num_blocks = self._num_kv_blocks(config)
+        self.runner = ModelRunner(
+            model=model, num_blocks=num_blocks, block_size=args.block_size, device=self.device,
+            dtype=self.dtype, backend=get_backend(self.device, args.attention_backend),
+        )
+        self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            block_manager=self.block_manager, max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens, policy=args.policy,
+            enable_chunked_prefill=args.enable_chunked_prefill,
+        )
+        self.eos_token_ids = self._eos_token_ids(config)
+        self.sampler = Sampler(eos_token_ids=self.eos_token_ids, device=self.device, seed=args.seed)
+        self.stop_checker = StopChecker(
+            tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len
+        )
+        self.requests: dict[str, Sequence] = {}
+        self.aborted: list[Sequence] = []
+        self.step_index = 0
+        log.info(
+            "engine ready: %s on %s/%s, KV pool %d blocks x %d = %d tokens, backend %s, load %.2fs",
+            args.model, self.device, self.dtype, num_blocks, args.block_size,
+            num_blocks * args.block_size, self.runner.backend.name, self.load_seconds,
+        )
+
+    # -- set-up helpers ---------------------------------------------------------------
+    def _num_kv_blocks(self, config) -> int:
+        if self.args.num_kv_blocks is not None:
+            return self.args.num_kv_blocks
+        budget = self.args.kv_cache_memory
+        if budget is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = int(free * 0.8)
+            else:
+                budget = DEFAULT_CPU_KV_CACHE_BYTES
+        per_block = kv_bytes_per_token(config, self.dtype) * self.args.block_size
+        if budget < per_block:
+            raise InvalidRequestError(f"kv_cache_memory={budget} bytes is smaller than one block ({per_block})")
+        return budget // per_block
+
+    def _eos_token_ids(self, config) -> set[int]:
+        ids: set[int] = set()
+        for source in (config.eos_token_id, self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(source)
+        return ids
+
+    # -- requests ---------------------------------------------------------------------
+    def tokenize(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
+        """Token ids of a plain prompt, or of chat messages through the chat template."""
+        if (prompt is None) == (messages is None):
+            raise InvalidRequestError("give exactly one of prompt or messages")
+        try:
+            if messages is not None:
+                ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+                if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                    ids = ids["input_ids"]
+                return list(ids)
+            return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        except Exception as exc:  # template errors, bad content types
+            raise InvalidRequestError(f"could not tokenize the request: {exc}") from exc
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        *,
+        prompt: str | None = None,
+        priority: int = 0,
+        tenant: str | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request; refuse at once (InvalidRequestError) one that can never fit."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in the engine")
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty")
+        vocab = self.runner.model.config.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_token_ids):
+            raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})")
+        if n >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {n} tokens; this model's context is {self.max_model_len} "
+                "and at least one token must be generated"
+            )
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
+        if n + max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {n + max_tokens} exceeds the "
+                f"context of {self.max_model_len} tokens"
+            )
+        pool_tokens = self.block_manager.num_blocks * self.block_size
+        if n + max_tokens > pool_tokens:
+            raise InvalidRequestError(
+                f"prompt ({n} tokens) + max_tokens ({max_tokens}) needs more KV than the whole "
+                f"pool holds ({pool_tokens} tokens)"
+            )
+        seq = Sequence(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            params=params,
+            metrics=RequestMetrics(arrival_time=arrival_time or time.time()),
+            prompt=prompt,
+            priority=priority,
+            tenant=tenant,
+            generator=make_generator(params.seed, self.device),
+            max_tokens=max_tokens,
+        )
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request now and free its KV; the next step reports it with reason abort."""
+        seq = self.requests.get(request_id)
+        if seq is None or seq.is_finished:
+            return
+        self.scheduler.remove(seq, keep_cached=False)
+        seq.finish_reason = "abort"
+        self.aborted.append(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request waits, runs, or has an abort still to report."""
+        return self.scheduler.has_unfinished() or bool(self.aborted)
+
+    def num_unfinished_requests(self) -> int:
+        """Requests waiting or running."""
+        return len(self.scheduler.waiting) + len(self.scheduler.running)
+
+    def admission_capacity(self) -> int:
+        """How many new requests are worth reading now: free sequence slots not yet claimed
+        by waiting requests, and none while free KV cannot hold what already waits."""
+        sched = self.scheduler
+        slots = self.args.max_num_seqs - len(sched.running) - len(sched.waiting)
+        waiting_tokens = sum(s.num_tokens - s.num_computed_tokens for s in sched.waiting)
+        free_tokens = self.block_manager.num_free_blocks * self.block_size
+        if waiting_tokens >= free_tokens:
+            return 0
+        return max(0, slots)
+
+    # -- the step ---------------------------------------------------------------------
+    def step(self) -> tuple[list[RequestOutput], StepStats]:
+        """Schedule, run the model once, sample, and evict what finished."""
+        start = time.time()
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        logits = self.runner.execute(plan.scheduled) if not plan.is_empty else None
+        t2 = time.perf_counter()
+        outputs = self._process(plan, logits, start)
+        t3 = time.perf_counter()
+        stats = StepStats(
+            step=self.step_index,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_prefill_tokens=plan.num_prefill_tokens,
+            num_decode_tokens=plan.num_decode_tokens,
+            kv_blocks_used=self.block_manager.num_used_blocks,
+            kv_blocks_total=self.block_manager.num_blocks,
+            num_preemptions=len(plan.preempted),
+            num_admitted=plan.num_admitted,
+            num_finished=sum(1 for o in outputs if o.finished),
+            schedule_seconds=t1 - t0,
+            forward_seconds=t2 - t1,
+            sample_seconds=t3 - t2,
+            start_time=start,
+            num_cached_tokens=plan.num_cached_tokens,
+            kv_tokens=sum(s.num_computed_tokens for s in self.scheduler.running),
+        )
+        self.step_index += 1
+        return outputs, stats
+
+    def _process(self, plan: SchedulerOutput, logits: torch.Tensor | None, now: float) -> list[RequestOutput]:
+        outputs = [self._finish(seq, now) for seq in self.aborted]
+        self.aborted = []
+        sampling = [s for s in plan.scheduled if s.samples]
+        sampled = self.sampler.sample(logits, [s.seq for s in sampling]) if sampling else None
+        for s in plan.scheduled:
+            seq = s.seq
+            seq.num_computed_tokens += s.num_new_tokens
+            if seq.metrics.first_scheduled_time is None:
+                seq.metrics.first_scheduled_time = now
+                seq.metrics.first_step = self.step_index
+            seq.metrics.last_step = self.step_index
+            self.block_manager.publish_full_blocks(seq)
+        if sampled is None:
+            return outputs
+        done = time.time()
+        for s, token, logprob in zip(sampling, sampled.token_ids, sampled.logprobs, strict=True):
+            seq = s.seq
+            seq.append_token(token, logprob)
+            if seq.metrics.first_token_time is None:
+                seq.metrics.first_token_time = done
+            decision = self.stop_checker.check(
+                prompt_len=seq.num_prompt_tokens, output_token_ids=seq.output_token_ids, params=seq.params
+            )
+            if decision.finish_reason is None and seq.num_output_tokens >= seq.max_tokens:
+                decision.finish_reason = "length"
+            if decision.finish_reason is not None:
+                seq.finish_reason = decision.finish_reason
+                seq.stop_reason = decision.stop_reason
+                if decision.text is not None:
+                    seq.text = decision.text
+                self.scheduler.remove(seq)
+                outputs.append(self._finish(seq, done))
+            else:
+                outputs.append(self._output(seq, [token]))
+        return outputs
+
+    def _finish(self, seq: Sequence, now: float) -> RequestOutput:
+        seq.status = SequenceStatus.FINISHED
+        seq.metrics.finished_time = now
+        if not seq.text:
+            seq.text = self.stop_checker.final_text(seq.output_token_ids, seq.params)
+        del self.requests[seq.request_id]
+        out = self._output(seq, seq.output_token_ids[-1:] if seq.finish_reason != "abort" else [])
+        out.finished = True
+        return out
+
+    def _output(self, seq: Sequence, new_tokens: list[int]) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt=seq.prompt,
+            prompt_token_ids=seq.prompt_token_ids,
+            text=seq.text,
+            token_ids=list(seq.output_token_ids) if seq.is_finished else seq.output_token_ids,
+            finish_reason=seq.finish_reason,
+            metrics=seq.metrics,
+            new_token_ids=new_tokens,
+            logprobs=seq.logprobs,
+            stop_reason=seq.stop_reason,
+        )

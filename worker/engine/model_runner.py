@@ -1,0 +1,93 @@
+"""Turn a scheduled step into one packed batch, run the model, return last-token logits."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kernels import AttentionBackend
+from worker.engine.attention_metadata import AttentionMetadata
+from worker.engine.models.llama import LlamaForPackedCausalLM
+from worker.engine.scheduler import ScheduledSequence
+
+
+def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    """Bytes of K and V, all layers, for one token."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * itemsize
+
+
+class ModelRunner:
+    """Owns the model and the KV pool; builds the step's tensors without any padding."""
+
+    def __init__(
+        self,
+        *,
+        model: LlamaForPackedCausalLM,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        backend: AttentionBackend,
+    ) -> None:
+        config = model.config
+        self.model = model
+        self.device = device
+        self.block_size = block_size
+        self.backend = backend
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        shape = (num_blocks, block_size, config.num_key_value_heads, head_dim)
+        # One tensor per K/V for all layers: [num_layers, num_blocks, block_size, Hkv, D]
+        self.k_pool = torch.zeros((config.num_hidden_layers, *shape), dtype=dtype, device=device)
+        self.v_pool = torch.zeros((config.num_hidden_layers, *shape), dtype=dtype, device=device)
+        self.kv_caches = [(self.k_pool[i], self.v_pool[i]) for i in range(config.num_hidden_layers)]
+
+    def build_inputs(self, scheduled: list[ScheduledSequence]) -> tuple[torch.Tensor, AttentionMetadata]:
+        """Packed ``input_ids`` and the AttentionMetadata of a step (decodes come first)."""
+        bs = self.block_size
+        num_seqs = len(scheduled)
+        q_lens = np.fromiter((s.num_new_tokens for s in scheduled), dtype=np.int64, count=num_seqs)
+        starts = np.fromiter((s.seq.num_computed_tokens for s in scheduled), dtype=np.int64, count=num_seqs)
+        context_lens = starts + q_lens  # [num_seqs]
+        cu_q = np.zeros(num_seqs + 1, dtype=np.int64)
+        np.cumsum(q_lens, out=cu_q[1:])
+        cu_k = np.zeros(num_seqs + 1, dtype=np.int64)
+        np.cumsum(context_lens, out=cu_k[1:])
+        max_blocks = int(-(-context_lens.max() // bs))
+        block_tables = np.zeros((num_seqs, max_blocks), dtype=np.int64)  # [num_seqs, max_blocks]
+        input_ids: list[int] = []
+        for i, s in enumerate(scheduled):
+            table = s.seq.block_table[: -(-int(context_lens[i]) // bs)]
+            block_tables[i, : len(table)] = table
+            input_ids.extend(s.seq.token_ids[starts[i] : context_lens[i]])
+        # positions of every token: start_i, start_i + 1, ... for each sequence
+        seq_of_token = np.repeat(np.arange(num_seqs), q_lens)  # [num_tokens]
+        positions = np.arange(int(cu_q[-1]), dtype=np.int64) - cu_q[seq_of_token] + starts[seq_of_token]
+        slot_mapping = block_tables[seq_of_token, positions // bs] * bs + positions % bs
+        sampled = [i for i, s in enumerate(scheduled) if s.samples]
+        logits_indices = cu_q[1:][sampled] - 1
+        num_decode = int(np.count_nonzero(q_lens == 1))
+        dev = self.device
+
+        def t(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(dev, non_blocking=True)
+
+        meta = AttentionMetadata(
+            positions=t(positions),
+            slot_mapping=t(slot_mapping),
+            cu_seqlens_q=t(cu_q),
+            cu_seqlens_k=t(cu_k),
+            context_lens=t(context_lens),
+            block_tables=t(block_tables),
+            num_decode_seqs=num_decode,
+            logits_indices=t(np.asarray(logits_indices, dtype=np.int64)),
+        )
+        ids = torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True)
+        return ids, meta
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[ScheduledSequence]) -> torch.Tensor:
+        """Run one step; logits ``[num_sampling_seqs, vocab]`` in scheduled order."""
+        input_ids, meta = self.build_inputs(scheduled)
+        return self.model(input_ids, meta, self.kv_caches, self.backend)

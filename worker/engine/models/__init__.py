@@ -1,0 +1,1 @@
+"""Model definitions for the packed layout, and loading of their weights."""

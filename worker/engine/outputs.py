@@ -1,0 +1,72 @@
+"""What the engine hands back: per-request outputs and per-step statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    """Timeline of one request (``time.time()`` seconds) and how often it was preempted."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    num_preemptions: int = 0
+
+
+@dataclass
+class TokenLogprob:
+    """Log-probability of the chosen token and the top-n alternatives at one position."""
+
+    token_id: int
+    logprob: float
+    top: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class RequestOutput:
+    """State of one request after a step; ``text`` is final once ``finished`` is True."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None  # "stop" | "length" | "abort" | None while running
+    metrics: RequestMetrics
+    finished: bool = False
+    new_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token id that matched
+    error: str | None = None
+
+
+@dataclass
+class StepStats:
+    """One engine step, as the service writes it to the ``iterations`` table."""
+
+    step: int
+    num_running: int
+    num_waiting: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    num_preemptions: int
+    num_admitted: int
+    num_finished: int
+    schedule_seconds: float
+    forward_seconds: float
+    sample_seconds: float
+    start_time: float = 0.0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache this step
+    kv_tokens: int = 0  # tokens whose K/V sit in allocated blocks after the step
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """All tokens the step fed through the model."""
+        return self.num_prefill_tokens + self.num_decode_tokens

@@ -1,0 +1,203 @@
+"""Iteration-level scheduling under one token budget.
+
+Each step: running sequences first (a decode token each, or the next prefill chunk of a
+partially prefilled one), then admission of waiting sequences while blocks, sequence
+slots and the step's token budget allow. ``num_computed_tokens`` catching up with
+``num_tokens`` is the only rule: chunked prefill, prefix-cache hits and resumption after
+preemption all fall out of it. When a running sequence cannot get a block, the newest
+(or lowest-priority) running sequence is preempted by recompute.
+
+The ``static`` policy reproduces request-level batching: a cohort is admitted only when
+nothing runs, and runs until its longest member ends.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from worker.engine.block_manager import BlockManager
+from worker.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSequence:
+    """A sequence in this step and how many of its tokens it computes now."""
+
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the sequence's last token, so a token is sampled."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's plan: decodes first, then prefill chunks."""
+
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    num_admitted: int = 0
+    num_cached_tokens: int = 0
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """Sequences computing exactly one token (they go through decode attention)."""
+        return sum(1 for s in self.scheduled if s.num_new_tokens == 1)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Tokens of chunks longer than one."""
+        return sum(s.num_new_tokens for s in self.scheduled if s.num_new_tokens > 1)
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing to run."""
+        return not self.scheduled
+
+
+class Scheduler:
+    """Decides, every step, which sequences run and how many tokens each computes."""
+
+    def __init__(
+        self,
+        *,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        policy: str = "fcfs",
+        enable_chunked_prefill: bool = True,
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.policy = policy
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.served_tokens: dict[str | None, int] = {}  # per tenant, for the fair policy
+        self.total_preemptions = 0
+
+    # -- queue management -------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence."""
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        """True while anything waits or runs."""
+        return bool(self.waiting or self.running)
+
+    def remove(self, seq: Sequence, *, keep_cached: bool = True) -> None:
+        """Take a finished or aborted sequence out and free its blocks at once."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq, keep_cached=keep_cached)
+        seq.status = SequenceStatus.FINISHED
+
+    # -- the step ---------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step within the token budget (see the module docstring)."""
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        budget = self._schedule_running(out, budget)
+        if not out.preempted and self._may_admit():
+            self._admit_waiting(out, budget)
+        # Decodes first: the model runs decode attention on the leading one-token rows.
+        out.scheduled.sort(key=lambda s: s.num_new_tokens != 1)
+        for s in out.scheduled:
+            tenant = s.seq.tenant
+            self.served_tokens[tenant] = self.served_tokens.get(tenant, 0) + s.num_new_tokens
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        bm = self.block_manager
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            target = seq.num_computed_tokens + num_new
+            while not bm.can_grow(seq, target):
+                victim = self._pick_victim()
+                if self.running.index(victim) < i:  # already planned this step: give back
+                    i -= 1
+                    budget += self._preempt(victim, out)
+                else:
+                    self._preempt(victim, out)
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                break  # it preempted itself: every later one is already gone too
+            bm.grow(seq, target)
+            out.scheduled.append(ScheduledSequence(seq, num_new))
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _may_admit(self) -> bool:
+        if self.policy == "static":
+            return not self.running
+        return True
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        bm = self.block_manager
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self._next_waiting()
+            hits = bm.match_prefix(seq) if seq.num_computed_tokens == 0 and not seq.block_table else []
+            computed = len(hits) * bm.block_size if hits else seq.num_computed_tokens
+            remaining = seq.num_tokens - computed
+            if remaining > budget and not self.enable_chunked_prefill:
+                break
+            num_new = min(remaining, budget)
+            revived = sum(1 for b in hits if bm.ref_counts[b] == 0)
+            needed = bm.blocks_needed(computed + num_new) - len(hits) - len(seq.block_table)
+            if needed + revived > bm.num_free_blocks:
+                break
+            self.waiting.remove(seq)
+            if hits:
+                bm.take_cached(seq, hits)
+                out.num_cached_tokens += len(hits) * bm.block_size
+            bm.grow(seq, computed + num_new)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSequence(seq, num_new))
+            out.num_admitted += 1
+            budget -= num_new
+
+    def _next_waiting(self) -> Sequence:
+        """The waiting sequence the policy serves next."""
+        if self.policy in ("fcfs", "static"):
+            return self.waiting[0]
+        if self.policy == "priority":
+            return max(self.waiting, key=lambda s: (s.priority, s.metrics.num_preemptions, -s.metrics.arrival_time))
+        if self.policy == "sjf":
+            return min(self.waiting, key=lambda s: (-s.metrics.num_preemptions, s.max_tokens, s.metrics.arrival_time))
+        # fair: the tenant served least so far goes next; FCFS within a tenant.
+        return min(
+            self.waiting,
+            key=lambda s: (-s.metrics.num_preemptions, self.served_tokens.get(s.tenant, 0), s.metrics.arrival_time),
+        )
+
+    def _pick_victim(self) -> Sequence:
+        """The running sequence to preempt: lowest priority, then latest arrived."""
+        if self.policy == "priority":
+            return min(self.running, key=lambda s: (s.priority, -s.metrics.arrival_time))
+        return self.running[-1]
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
+        """Free ``seq``'s blocks, requeue it first (recompute); return its planned tokens."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.metrics.num_preemptions += 1
+        self.total_preemptions += 1
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+        planned = sum(s.num_new_tokens for s in out.scheduled if s.seq is seq)
+        out.scheduled = [s for s in out.scheduled if s.seq is not seq]
+        return planned

@@ -1,0 +1,82 @@
+"""One request's state inside the engine."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from worker.engine.outputs import RequestMetrics, TokenLogprob
+from worker.protocol.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    """Where a sequence is in its life."""
+
+    WAITING = "waiting"  # not yet admitted, or preempted and waiting to resume
+    RUNNING = "running"  # holds KV blocks, scheduled every step
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Prompt and output tokens, KV bookkeeping and sampling state of one request.
+
+    ``num_computed_tokens`` counts tokens whose K/V are in the cache; each step the
+    scheduler lets it catch up with ``num_tokens`` (prefill chunks, then one token per
+    decode step). A prefix-cache hit or a preemption simply moves it.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics
+    prompt: str | None = None
+    priority: int = 0
+    tenant: str | None = None
+    generator: torch.Generator | None = None
+    status: SequenceStatus = SequenceStatus.WAITING
+    token_ids: list[int] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    num_hashed_blocks: int = 0  # full blocks already published to the prefix cache
+    block_hash: int | None = None  # hash chain value of the last published block
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    text: str = ""
+    max_tokens: int = 0  # resolved from params and the context limit at add time
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_token_ids)
+        if self.params.logprobs is not None:
+            self.logprobs = []
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens."""
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Prompt length."""
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Generated tokens so far."""
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        """True once a stop condition, the length limit or an abort ended it."""
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int, logprob: TokenLogprob | None) -> None:
+        """Record a sampled token (its K/V is computed in the next step)."""
+        self.token_ids.append(token_id)
+        self.output_token_ids.append(token_id)
+        if self.logprobs is not None and logprob is not None:
+            self.logprobs.append(logprob)

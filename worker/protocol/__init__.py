@@ -1,0 +1,1 @@
+"""Torch-free request vocabulary shared by the engine, the service and the API."""
