@@ -1,0 +1,23 @@
+# The two set-up commands of the README: `make demo` and `make test`.
+.PHONY: setup demo test lint
+
+setup:
+	bash scripts/setup.sh
+
+# Generate the example prompts on SmolLM2-135M with the embedded defaults (no servers).
+demo: setup
+	mkdir -p out
+	.venv/bin/inflight generate examples/prompts.jsonl -o out/results.jsonl --model smollm2-135m
+	head -c 2000 out/results.jsonl; echo
+
+# Lint, import contracts, then every test (Redis and PostgreSQL are started if needed).
+test: setup
+	bash scripts/services.sh
+	.venv/bin/ruff check .
+	.venv/bin/lint-imports
+	.venv/bin/python -m pytest -q
+
+lint: setup
+	.venv/bin/ruff check .
+	.venv/bin/mypy
+	.venv/bin/lint-imports
