@@ -78,7 +78,7 @@ def test_preemption_under_a_small_pool_loses_nothing(reference_outputs) -> None:
 def test_prefix_caching_gives_the_same_outputs_and_hits() -> None:
     engine = LLMEngine(model="tiny-llama", num_kv_blocks=256, enable_prefix_caching=True)
     shared = prompt_token_lists(engine.tokenizer, 1, seed=9, lo=40, hi=40)[0] * 2  # 80 tokens
-    prompts = [shared + [7 + i, 9, 11 + i] for i in range(6)]
+    prompts = [[*shared, 7 + i, 9, 11 + i] for i in range(6)]
     params = [greedy(12)] * 6
     cold = LLMEngine(model="tiny-llama", num_kv_blocks=256, enable_prefix_caching=False)
     expected, _ = run_all(cold, prompts, params)
@@ -119,3 +119,15 @@ def test_stop_token_ids_end_with_reason_stop() -> None:
     stopped = llm.generate([[5, 6, 7]], params, use_tqdm=False)[0]
     assert stopped.finish_reason == "stop" and stopped.stop_reason == stopper
     assert stopped.token_ids == free_run.token_ids[: free_run.token_ids.index(stopper) + 1]
+
+
+def test_sixty_four_requests_in_sixty_four_blocks_all_finish_unchanged() -> None:
+    roomy = LLMEngine(model="tiny-llama", num_kv_blocks=1024, max_num_seqs=64)
+    prompts = prompt_token_lists(roomy.tokenizer, 64, seed=11, lo=4, hi=40)
+    params = [greedy(8 + (i * 7) % 33) for i in range(64)]
+    expected, none = run_all(roomy, prompts, params)
+    tight = LLMEngine(model="tiny-llama", num_kv_blocks=64, max_num_seqs=64)
+    outputs, preemptions = run_all(tight, prompts, params)
+    print(f"preemptions with 64 blocks: {preemptions}")
+    assert none == 0 and preemptions > 0
+    assert outputs == expected

@@ -26,6 +26,7 @@ class EngineArgs:
     policy: str = "fcfs"
     enable_prefix_caching: bool = False
     enable_chunked_prefill: bool = True
+    tenant_weights: dict[str, float] | None = None  # fair policy: share of served tokens
     attention_backend: str | None = None  # "torch" | "triton"; None picks by device
     seed: int = 0
     num_threads: int | None = None  # torch intra-op threads on CPU

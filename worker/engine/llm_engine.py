@@ -70,7 +70,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             block_manager=self.block_manager, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, policy=args.policy,
-            enable_chunked_prefill=args.enable_chunked_prefill,
+            enable_chunked_prefill=args.enable_chunked_prefill, tenant_weights=args.tenant_weights,
         )
         self.eos_token_ids = self._eos_token_ids(config)
         self.sampler = Sampler(eos_token_ids=self.eos_token_ids, device=self.device, seed=args.seed)

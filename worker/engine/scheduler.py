@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from worker.engine.block_manager import BlockManager
 from worker.engine.sequence import Sequence, SequenceStatus
 
+SHIELD_AFTER_PREEMPTIONS = 3
+
 
 @dataclass
 class ScheduledSequence:
@@ -69,6 +71,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         policy: str = "fcfs",
         enable_chunked_prefill: bool = True,
+        tenant_weights: dict[str, float] | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -77,14 +80,25 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.served_tokens: dict[str | None, int] = {}  # per tenant, for the fair policy
+        self.served_tokens: dict[str | None, float] = {}  # weighted, per tenant (fair policy)
+        self.tenant_weights = tenant_weights or {}
         self.total_preemptions = 0
+        self._cohort_open = True  # static policy: the cohort still takes members
 
     # -- queue management -------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence."""
+        if self.policy == "fair" and not self._tenant_active(seq.tenant):
+            # A tenant returning from idle starts at the least-served active tenant's count,
+            # so idle time does not bank credit that would starve the others later.
+            active = [self.served_tokens.get(s.tenant, 0.0) for s in (*self.waiting, *self.running)]
+            floor = min(active, default=0.0)
+            self.served_tokens[seq.tenant] = max(self.served_tokens.get(seq.tenant, 0.0), floor)
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
+
+    def _tenant_active(self, tenant: str | None) -> bool:
+        return any(s.tenant == tenant for s in (*self.waiting, *self.running))
 
     def has_unfinished(self) -> bool:
         """True while anything waits or runs."""
@@ -105,13 +119,18 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         budget = self._schedule_running(out, budget)
-        if not out.preempted and self._may_admit():
-            self._admit_waiting(out, budget)
+        # After a preemption nothing new fits, except under the priority policy, where a
+        # waiting request that outranks a runner may still take its place.
+        if (not out.preempted or self.policy == "priority") and self._may_admit():
+            stopped_by = self._admit_waiting(out, budget)
+            if self.policy == "static" and stopped_by != "budget":
+                self._cohort_open = False  # full, out of blocks, or nothing left to admit
         # Decodes first: the model runs decode attention on the leading one-token rows.
         out.scheduled.sort(key=lambda s: s.num_new_tokens != 1)
         for s in out.scheduled:
             tenant = s.seq.tenant
-            self.served_tokens[tenant] = self.served_tokens.get(tenant, 0) + s.num_new_tokens
+            weight = self.tenant_weights.get(tenant, 1.0) if tenant is not None else 1.0
+            self.served_tokens[tenant] = self.served_tokens.get(tenant, 0.0) + s.num_new_tokens / weight
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -140,23 +159,37 @@ class Scheduler:
 
     def _may_admit(self) -> bool:
         if self.policy == "static":
-            return not self.running
+            if not self.running:
+                self._cohort_open = True  # the previous cohort is done: form the next one
+            return self._cohort_open
         return True
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> str:
+        """Admit waiting sequences; return what stopped admission."""
         bm = self.block_manager
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while True:
+            if not self.waiting:
+                return "empty"
+            if budget <= 0:
+                return "budget"
             seq = self._next_waiting()
+            if len(self.running) >= self.max_num_seqs:
+                if self._preempt_lower_priority(seq, out):
+                    continue
+                return "slots"
             hits = bm.match_prefix(seq) if seq.num_computed_tokens == 0 and not seq.block_table else []
             computed = len(hits) * bm.block_size if hits else seq.num_computed_tokens
             remaining = seq.num_tokens - computed
             if remaining > budget and not self.enable_chunked_prefill:
-                break
+                return "budget"
             num_new = min(remaining, budget)
             revived = sum(1 for b in hits if bm.ref_counts[b] == 0)
             needed = bm.blocks_needed(computed + num_new) - len(hits) - len(seq.block_table)
             if needed + revived > bm.num_free_blocks:
-                break
+                if self._preempt_lower_priority(seq, out):
+                    budget = self.max_num_batched_tokens - sum(s.num_new_tokens for s in out.scheduled)
+                    continue
+                return "blocks"
             self.waiting.remove(seq)
             if hits:
                 bm.take_cached(seq, hits)
@@ -183,10 +216,32 @@ class Scheduler:
         )
 
     def _pick_victim(self) -> Sequence:
-        """The running sequence to preempt: lowest priority, then latest arrived."""
-        if self.policy == "priority":
-            return min(self.running, key=lambda s: (s.priority, -s.metrics.arrival_time))
-        return self.running[-1]
+        """The running sequence to preempt: lowest priority, then latest arrived.
+
+        A sequence already preempted ``SHIELD_AFTER_PREEMPTIONS`` times is taken only
+        when nothing else runs, so it cannot starve.
+        """
+        by_priority = self.policy == "priority"
+        return min(
+            self.running,
+            key=lambda s: (
+                s.metrics.num_preemptions >= SHIELD_AFTER_PREEMPTIONS,
+                s.priority if by_priority else 0,
+                -s.metrics.arrival_time,
+            ),
+        )
+
+    def _preempt_lower_priority(self, incoming: Sequence, out: SchedulerOutput) -> bool:
+        """Priority policy: make room for ``incoming`` by preempting a lower-priority runner."""
+        if self.policy != "priority" or not self.running:
+            return False
+        victim = self._pick_victim()
+        if victim.priority >= incoming.priority:
+            return False
+        self._preempt(victim, out)
+        self.waiting.remove(victim)
+        self.waiting.append(victim)  # behind the incoming one, which outranks it
+        return True
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
         """Free ``seq``'s blocks, requeue it first (recompute); return its planned tokens."""

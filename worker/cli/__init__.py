@@ -1,0 +1,1 @@
+"""The `inflight` command line: one module per subcommand, imported only when used."""

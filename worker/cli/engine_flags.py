@@ -1,0 +1,78 @@
+"""Engine options shared by the commands that run an engine (no torch import here).
+
+``add_engine_flags(parser)`` adds ``--model``, ``--dtype``, ``--device``, ``--max-num-seqs``...;
+``engine_args_from(args)`` turns the parsed flags into an ``EngineArgs``. Flags left unset
+keep EngineArgs' own defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any
+
+# flag dest -> EngineArgs field (the same name)
+_ENGINE_FIELDS = (
+    "model", "dtype", "device", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+    "num_kv_blocks", "kv_cache_memory", "block_size", "policy", "enable_prefix_caching",
+    "enable_chunked_prefill", "attention_backend", "seed", "num_threads",
+)
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"4GiB"``, ``"512MB"``, ``"1e9"`` or ``"1073741824"`` as a number of bytes."""
+    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([kKmMgGtT]i?)?[bB]?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (examples: 4GiB, 512MB)")
+    try:
+        value = float(match.group(1)) * _UNITS[(match.group(2) or "").lower()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least one byte")
+    return int(value)
+
+
+def add_engine_flags(parser: argparse.ArgumentParser, *, default_model: str = "smollm2-135m"
+                     ) -> None:
+    """Add the engine's options to ``parser`` (in an "engine" argument group)."""
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=default_model,
+                   help="smollm2-135m, tiny-llama, tiny-qwen2, a HF directory, a GGUF file or "
+                        "a hub id (default: %(default)s)")
+    g.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="weights and KV dtype (default: auto: float32 on CPU, bfloat16 on CUDA)")
+    g.add_argument("--device", help="cpu, cuda, cuda:1... (default: cuda when available)")
+    g.add_argument("--max-num-seqs", type=int, metavar="N",
+                   help="most sequences running in one step (default: 64)")
+    g.add_argument("--max-num-batched-tokens", type=int, metavar="N",
+                   help="token budget of one step, prefill chunks included (default: 2048)")
+    g.add_argument("--max-model-len", type=int, metavar="N",
+                   help="context length, prompt plus output (default: the model's)")
+    g.add_argument("--num-kv-blocks", type=int, metavar="N",
+                   help="size of the KV pool in blocks (overrides --kv-cache-memory)")
+    g.add_argument("--kv-cache-memory", type=parse_bytes, metavar="SIZE",
+                   help="memory for the KV pool, e.g. 2GiB (default: 80%% of free GPU "
+                        "memory, 1GiB on CPU)")
+    g.add_argument("--block-size", type=int, metavar="N", help="tokens per KV block (default: 16)")
+    g.add_argument("--policy", choices=("fcfs", "static", "priority", "sjf", "fair"),
+                   help="scheduling policy (default: fcfs)")
+    g.add_argument("--enable-prefix-caching", action="store_true", default=None,
+                   help="reuse the KV of shared prompt prefixes")
+    g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false",
+                   default=None, help="prefill each prompt in one step")
+    g.add_argument("--attention-backend", choices=("torch", "triton"),
+                   help="attention kernels (default: triton on CUDA, torch elsewhere)")
+    g.add_argument("--seed", type=int, help="seed of requests that do not set their own")
+    g.add_argument("--num-threads", type=int, metavar="N", help="torch threads on CPU")
+
+
+def engine_args_from(args: argparse.Namespace) -> Any:
+    """An ``EngineArgs`` from the parsed flags (imports the engine: call it inside run())."""
+    from worker.engine.config import EngineArgs
+
+    given = {name: getattr(args, name) for name in _ENGINE_FIELDS
+             if getattr(args, name, None) is not None}
+    return EngineArgs(**given)

@@ -1,0 +1,65 @@
+"""``inflight``: the command line entry point.
+
+Only the chosen subcommand's module is imported, and subcommand modules import torch only
+inside ``run()``, so ``inflight --help`` and the torch-free commands start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module exposing add_parser(subparsers) and run(args) -> int, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "generate": ("worker.cli.generate_cmd",
+                 "generate completions for a JSONL file of requests on this machine"),
+    "bench": ("worker.cli.bench_cmd", "benchmark the engine against its static policy and HF"),
+    "worker": ("worker.cli.worker_cmd", "run a long-lived worker pulling jobs from Redis"),
+    "enqueue": ("worker.cli.enqueue_cmd", "enqueue a JSONL file of requests as jobs"),
+    "jobs": ("worker.cli.jobs_cmd", "list and inspect jobs"),
+    "migrate": ("worker.cli.migrate_cmd", "apply the database migrations"),
+}
+
+
+def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
+    """The ``inflight`` parser; only ``selected``'s module is imported to add its options."""
+    parser = argparse.ArgumentParser(
+        prog="inflight",
+        description="A queue-fed LLM generation service: continuous batching over paged KV.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        if name == selected:
+            importlib.import_module(module_name).add_parser(subparsers)
+        else:
+            subparsers.add_parser(name, help=help_text, description=help_text)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``inflight`` with ``argv`` (default: sys.argv[1:]); returns the exit status."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    selected = next((a for a in args_list if not a.startswith("-")), None)
+    if selected not in SUBCOMMANDS:
+        selected = None
+    try:
+        parser = build_parser(selected)
+    except ModuleNotFoundError as exc:
+        module_name = SUBCOMMANDS[selected][0] if selected else ""
+        if exc.name != module_name:
+            raise
+        print(f"inflight: the {selected!r} command is not available in this install "
+              f"({module_name} is missing)", file=sys.stderr)
+        return 2
+    args = parser.parse_args(args_list)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return int(func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

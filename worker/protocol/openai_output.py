@@ -1,0 +1,139 @@
+"""OpenAI response bodies and OpenAI Batch output lines (standard library only).
+
+Use through :mod:`worker.protocol.openai_batch`, which re-exports everything here.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from worker.protocol.openai_batch import GenerationRequest
+
+
+@dataclass
+class LogprobInfo:
+    """One generated position: its token text, log-probability and the top alternatives.
+
+    The engine's TokenLogprob holds token ids; the caller, which has the tokenizer, turns
+    them into text, so this module never needs one.
+    """
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]] = field(default_factory=list)
+
+
+def new_request_id() -> str:
+    """A fresh request id, ``req_`` plus 32 hex digits."""
+    return f"req_{uuid.uuid4().hex}"
+
+
+def build_response_body(
+    *,
+    request: GenerationRequest,
+    request_id: str,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    prompt_tokens: int,
+    completion_tokens: int,
+    logprobs: list[LogprobInfo] | None = None,
+    created: int,
+) -> dict[str, Any]:
+    """The ``chat.completion`` or ``text_completion`` object for one finished request.
+
+    ``logprobs`` is included (in the endpoint's own format) only when the request asked
+    for logprobs; otherwise the choice's ``logprobs`` is null.
+    """
+    if request.params.logprobs is None:
+        logprobs = None
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+             "total_tokens": prompt_tokens + completion_tokens}
+    if request.is_chat:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": _chat_logprobs(logprobs) if logprobs is not None else None,
+            "finish_reason": finish_reason,
+        }
+        return {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": created,
+                "model": model, "choices": [choice], "usage": usage}
+    choice = {
+        "index": 0,
+        "text": text,
+        "logprobs": _completion_logprobs(logprobs) if logprobs is not None else None,
+        "finish_reason": finish_reason,
+    }
+    return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": created,
+            "model": model, "choices": [choice], "usage": usage}
+
+
+def error_object(message: str, *, code: str | None = None, param: str | None = None,
+                 type: str = "invalid_request_error") -> dict[str, Any]:
+    """An OpenAI error object: ``{"message", "type", "param", "code"}``."""
+    return {"message": message, "type": type, "param": param, "code": code}
+
+
+def format_batch_output_line(
+    *,
+    custom_id: str | None,
+    request_id: str,
+    response_body: dict[str, Any] | None,
+    status_code: int,
+    error: dict[str, Any] | None,
+) -> str:
+    """One line of an OpenAI Batch output file, without the trailing newline.
+
+    Shape: ``{"id": "batch_req_...", "custom_id", "response": {"status_code", "request_id",
+    "body"}, "error"}``.
+    """
+    line = {
+        "id": f"batch_req_{uuid.uuid4().hex}",
+        "custom_id": custom_id,
+        "response": {"status_code": status_code, "request_id": request_id,
+                     "body": response_body},
+        "error": error,
+    }
+    return json.dumps(line, ensure_ascii=False)
+
+
+def format_error_line(*, custom_id: str | None, request_id: str, message: str,
+                      code: str = "invalid_request", param: str | None = None,
+                      status_code: int = 400) -> str:
+    """A failed request's output line: the error both in the response body (as the
+    OpenAI API returns it) and in the line's ``error`` field (``{"code", "message"}``)."""
+    error_type = "invalid_request_error" if status_code < 500 else "server_error"
+    return format_batch_output_line(
+        custom_id=custom_id,
+        request_id=request_id,
+        response_body={"error": error_object(message, code=code, param=param,
+                                             type=error_type)},
+        status_code=status_code,
+        error={"code": code, "message": message},
+    )
+
+
+def _chat_logprobs(logprobs: list[LogprobInfo]) -> dict[str, Any]:
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    content = [{**entry(lp.token, lp.logprob),
+                "top_logprobs": [entry(t, v) for t, v in lp.top]} for lp in logprobs]
+    return {"content": content, "refusal": None}
+
+
+def _completion_logprobs(logprobs: list[LogprobInfo]) -> dict[str, Any]:
+    offsets, offset = [], 0
+    for lp in logprobs:
+        offsets.append(offset)
+        offset += len(lp.token)
+    return {
+        "tokens": [lp.token for lp in logprobs],
+        "token_logprobs": [lp.logprob for lp in logprobs],
+        "top_logprobs": [dict(lp.top) for lp in logprobs],
+        "text_offset": offsets,
+    }
