@@ -131,3 +131,14 @@ def test_sixty_four_requests_in_sixty_four_blocks_all_finish_unchanged() -> None
     print(f"preemptions with 64 blocks: {preemptions}")
     assert none == 0 and preemptions > 0
     assert outputs == expected
+
+
+def test_stop_string_at_the_very_start_gives_empty_text() -> None:
+    llm = LLM("tiny-llama", num_kv_blocks=64)
+    free_run = llm.generate([[5, 6, 7]], greedy(12), use_tqdm=False)[0]
+    first_piece = llm.tokenizer.decode(free_run.token_ids[:1])
+    assert first_piece.strip(), "the first token must decode to visible text"
+    params = SamplingParams(temperature=0.0, max_tokens=12, stop=[first_piece])
+    out = llm.generate([[5, 6, 7]], params, use_tqdm=False)[0]
+    assert out.finish_reason == "stop" and out.stop_reason == first_piece
+    assert out.text == ""

@@ -49,7 +49,32 @@ class BlockManager:
 
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Whether ``seq`` can hold ``num_tokens`` tokens with the free blocks left."""
-        return self.num_new_blocks(seq, num_tokens) <= len(self.free_queue)
+        extra = 1 if self.needs_copy_on_write(seq) else 0
+        return self.num_new_blocks(seq, num_tokens) + extra <= len(self.free_queue)
+
+    # -- sharing between the samples of one request -----------------------------------
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Let ``child`` share all of ``parent``'s blocks (reference counted)."""
+        for block in parent.block_table:
+            self.ref_counts[block] += 1
+        child.block_table = list(parent.block_table)
+        child.num_hashed_blocks = parent.num_hashed_blocks
+        child.block_hash = parent.block_hash
+
+    def needs_copy_on_write(self, seq: Sequence) -> bool:
+        """True when ``seq``'s next token lands in a block another sequence also holds."""
+        index = seq.num_computed_tokens // self.block_size
+        return index < len(seq.block_table) and self.ref_counts[seq.block_table[index]] > 1
+
+    def copy_on_write(self, seq: Sequence) -> tuple[int, int]:
+        """Give ``seq`` a private copy of its shared partial block; return (src, dst) for the
+        model runner to copy the K/V; the caller checked can_grow."""
+        index = seq.num_computed_tokens // self.block_size
+        src = seq.block_table[index]
+        dst = self._pop_oldest_free()
+        self.ref_counts[src] -= 1
+        seq.block_table[index] = dst
+        return src, dst
 
     # -- allocation -------------------------------------------------------------------
     def grow(self, seq: Sequence, num_tokens: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -38,6 +39,16 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return _DTYPES[name]
+
+
+@dataclass
+class SampleGroup:
+    """The n samples of one request: sample 0 prefills, the others fork from it."""
+
+    n: int
+    members: list[Sequence]
+    forked: bool = False
+    finished: dict[int, RequestOutput] = field(default_factory=dict)
 
 
 class LLMEngine:
@@ -77,7 +88,8 @@ class LLMEngine:
         self.stop_checker = StopChecker(
             tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len
         )
-        self.requests: dict[str, Sequence] = {}
+        self.requests: dict[str, Sequence] = {}  # by internal id (samples of n > 1 get "#k")
+        self.groups: dict[str, SampleGroup] = {}  # requests with n > 1, by request id
         self.aborted: list[Sequence] = []
         self.step_index = 0
         log.info(
@@ -139,7 +151,7 @@ class LLMEngine:
     ) -> None:
         """Queue a request; refuse at once (InvalidRequestError) one that can never fit."""
         params = params or SamplingParams()
-        if request_id in self.requests:
+        if request_id in self.requests or request_id in self.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in the engine")
         n = len(prompt_token_ids)
         if n == 0:
@@ -176,16 +188,24 @@ class LLMEngine:
             max_tokens=max_tokens,
         )
         self.requests[request_id] = seq
+        if params.n > 1:
+            seq.group_id = request_id
+            self.groups[request_id] = SampleGroup(params.n, [seq])
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> None:
-        """Stop a request now and free its KV; the next step reports it with reason abort."""
-        seq = self.requests.get(request_id)
-        if seq is None or seq.is_finished:
-            return
-        self.scheduler.remove(seq, keep_cached=False)
-        seq.finish_reason = "abort"
-        self.aborted.append(seq)
+        """Stop a request (all its samples) now and free its KV; the next step reports it
+        with reason abort."""
+        group = self.groups.get(request_id)
+        members = group.members if group else [self.requests.get(request_id)]
+        for seq in members:
+            if seq is None or seq.is_finished:
+                continue
+            self.scheduler.remove(seq, keep_cached=False)
+            seq.finish_reason = "abort"
+            self.aborted.append(seq)
+        if group:
+            group.n, group.forked = len(group.members), True  # no more samples will be made
 
     def has_unfinished_requests(self) -> bool:
         """True while any request waits, runs, or has an abort still to report."""
@@ -213,6 +233,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         t1 = time.perf_counter()
+        self.runner.copy_blocks(plan.block_copies)  # copy-on-write, before anything writes
         logits = self.runner.execute(plan.scheduled) if not plan.is_empty else None
         t2 = time.perf_counter()
         outputs = self._process(plan, logits, start)
@@ -239,7 +260,7 @@ class LLMEngine:
         return outputs, stats
 
     def _process(self, plan: SchedulerOutput, logits: torch.Tensor | None, now: float) -> list[RequestOutput]:
-        outputs = [self._finish(seq, now) for seq in self.aborted]
+        outputs = [o for seq in self.aborted if (o := self._finish(seq, now)) is not None]
         self.aborted = []
         sampling = [s for s in plan.scheduled if s.samples]
         sampled = self.sampler.sample(logits, [s.seq for s in sampling]) if sampling else None
@@ -254,8 +275,13 @@ class LLMEngine:
         if sampled is None:
             return outputs
         done = time.time()
-        for s, token, logprob in zip(sampling, sampled.token_ids, sampled.logprobs, strict=True):
-            seq = s.seq
+        rows = [(s.seq, t, lp) for s, t, lp in zip(sampling, sampled.token_ids, sampled.logprobs, strict=True)]
+        for row, s in enumerate(sampling):
+            group = self.groups.get(s.seq.group_id or "")
+            if group is not None and not group.forked:
+                assert logits is not None
+                rows += self._fork_samples(group, logits[row])
+        for seq, token, logprob in rows:
             seq.append_token(token, logprob)
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = done
@@ -263,34 +289,76 @@ class LLMEngine:
                 prompt_len=seq.num_prompt_tokens, output_token_ids=seq.output_token_ids, params=seq.params
             )
             if decision.finish_reason is None and seq.num_output_tokens >= seq.max_tokens:
-                decision.finish_reason = "length"
+                decision.finish_reason = "length"  # max_tokens=None resolved to the context
             if decision.finish_reason is not None:
                 seq.finish_reason = decision.finish_reason
                 seq.stop_reason = decision.stop_reason
                 if decision.text is not None:
                     seq.text = decision.text
                 self.scheduler.remove(seq)
-                outputs.append(self._finish(seq, done))
+                finished = self._finish(seq, done)
+                if finished is not None:
+                    outputs.append(finished)
             else:
                 outputs.append(self._output(seq, [token]))
         return outputs
 
-    def _finish(self, seq: Sequence, now: float) -> RequestOutput:
+    def _fork_samples(self, group: SampleGroup, logits_row: torch.Tensor) -> list[tuple[Sequence, int, Any]]:
+        """Create samples 1..n-1 of a request whose prompt was just computed: they share its
+        blocks by reference count and draw their first token from the same logits."""
+        leader = group.members[0]
+        group.forked = True
+        children = []
+        for k in range(1, group.n):
+            seed = leader.params.seed
+            child = Sequence(
+                request_id=f"{leader.request_id}#sample{k}", prompt_token_ids=leader.prompt_token_ids,
+                params=leader.params, metrics=RequestMetrics(arrival_time=leader.metrics.arrival_time),
+                prompt=leader.prompt, priority=leader.priority, tenant=leader.tenant,
+                generator=make_generator(None if seed is None else seed + k, self.device),
+                max_tokens=leader.max_tokens, group_id=leader.request_id, sample_index=k,
+            )
+            child.num_computed_tokens = leader.num_computed_tokens
+            child.metrics.first_scheduled_time = leader.metrics.first_scheduled_time
+            child.metrics.first_step = leader.metrics.first_step
+            child.metrics.last_step = leader.metrics.last_step
+            self.block_manager.fork(leader, child)
+            self.scheduler.add_running(child)
+            self.requests[child.request_id] = child
+            group.members.append(child)
+            children.append(child)
+        batch = logits_row.unsqueeze(0).repeat(len(children), 1)  # [n - 1, vocab]
+        drawn = self.sampler.sample(batch, children)
+        return list(zip(children, drawn.token_ids, drawn.logprobs, strict=True))
+
+    def _finish(self, seq: Sequence, now: float) -> RequestOutput | None:
+        """The final output of a finished sequence; for n > 1, of the whole request once its
+        last sample ends (None before that)."""
         seq.status = SequenceStatus.FINISHED
         seq.metrics.finished_time = now
-        if not seq.text:
+        if seq.text is None:  # a stop string sets it (possibly to ""), else decode now
             seq.text = self.stop_checker.final_text(seq.output_token_ids, seq.params)
         del self.requests[seq.request_id]
         out = self._output(seq, seq.output_token_ids[-1:] if seq.finish_reason != "abort" else [])
         out.finished = True
-        return out
+        group = self.groups.get(seq.group_id or "")
+        if group is None:
+            return out
+        group.finished[seq.sample_index] = out
+        if len(group.finished) < (group.n if group.forked else 1):
+            return None
+        del self.groups[seq.group_id or ""]
+        samples = [group.finished[i] for i in sorted(group.finished)]
+        first = samples[0]
+        return replace(first, request_id=seq.group_id or first.request_id, samples=samples)
 
     def _output(self, seq: Sequence, new_tokens: list[int]) -> RequestOutput:
         return RequestOutput(
-            request_id=seq.request_id,
+            request_id=seq.group_id or seq.request_id,
+            index=seq.sample_index,
             prompt=seq.prompt,
             prompt_token_ids=seq.prompt_token_ids,
-            text=seq.text,
+            text=seq.text or "",
             token_ids=list(seq.output_token_ids) if seq.is_finished else seq.output_token_ids,
             finish_reason=seq.finish_reason,
             metrics=seq.metrics,

@@ -87,6 +87,16 @@ class ModelRunner:
         return ids, meta
 
     @torch.inference_mode()
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks, all layers (copy-on-write of shared partial blocks)."""
+        if not copies:
+            return
+        src = torch.tensor([s for s, _ in copies], device=self.device)
+        dst = torch.tensor([d for _, d in copies], device=self.device)
+        self.k_pool[:, dst] = self.k_pool[:, src]  # [num_layers, num_copies, bs, Hkv, D]
+        self.v_pool[:, dst] = self.v_pool[:, src]
+
+    @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSequence]) -> torch.Tensor:
         """Run one step; logits ``[num_sampling_seqs, vocab]`` in scheduled order."""
         input_ids, meta = self.build_inputs(scheduled)

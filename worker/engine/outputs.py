@@ -43,6 +43,8 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     stop_reason: str | int | None = None  # the stop string or stop token id that matched
     error: str | None = None
+    index: int = 0  # which of the request's n samples this is
+    samples: list[RequestOutput] = field(default_factory=list)  # all n samples, when n > 1
 
 
 @dataclass

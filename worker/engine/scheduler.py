@@ -43,6 +43,7 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
     num_admitted: int = 0
     num_cached_tokens: int = 0
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) KV copies
 
     @property
     def num_decode_tokens(self) -> int:
@@ -86,6 +87,11 @@ class Scheduler:
         self._cohort_open = True  # static policy: the cohort still takes members
 
     # -- queue management -------------------------------------------------------------
+    def add_running(self, seq: Sequence) -> None:
+        """Enter a sequence that already holds its KV (a forked sample) straight into running."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence."""
         if self.policy == "fair" and not self._tenant_active(seq.tenant):
@@ -151,6 +157,8 @@ class Scheduler:
                     break
             if seq.status is not SequenceStatus.RUNNING:
                 break  # it preempted itself: every later one is already gone too
+            if bm.needs_copy_on_write(seq):
+                out.block_copies.append(bm.copy_on_write(seq))
             bm.grow(seq, target)
             out.scheduled.append(ScheduledSequence(seq, num_new))
             budget -= num_new

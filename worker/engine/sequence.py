@@ -46,8 +46,10 @@ class Sequence:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    text: str = ""
+    text: str | None = None  # final text, set once at finish
     max_tokens: int = 0  # resolved from params and the context limit at add time
+    group_id: str | None = None  # the user's request id; set on every sample when n > 1
+    sample_index: int = 0
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

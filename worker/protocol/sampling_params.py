@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+MAX_N = 16  # samples per request
+
 
 class InvalidRequestError(ValueError):
     """A request that can never be served as asked: bad values, too long, too large."""
@@ -47,8 +49,8 @@ class SamplingParams:
         def bad(name: str, rule: str) -> InvalidRequestError:
             return InvalidRequestError(f"{name}={getattr(self, name)!r}: {rule}")
 
-        if not isinstance(self.n, int) or self.n != 1:
-            raise bad("n", "only n=1 is supported")
+        if not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+            raise bad("n", f"must be an integer in [1, {MAX_N}]")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             raise bad("max_tokens", "must be an integer >= 1")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:

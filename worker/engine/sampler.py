@@ -1,0 +1,367 @@
+"""Token sampling for one engine step, vectorized across the rows of the batch.
+
+Per row, in this order:
+
+1. penalties (only rows that ask for them): repetition penalty over prompt + output
+   tokens (HF/CTRL: positive logits divided, negative ones multiplied), then presence and
+   frequency penalties over output tokens (OpenAI: ``logit -= presence * (count > 0) +
+   frequency * count``);
+2. min_tokens: while ``len(output) < min_tokens`` the eos ids and the request's
+   ``stop_token_ids`` are set to ``-inf`` (also with ``ignore_eos``);
+3. greedy rows (``temperature < 1e-5``): ``torch.argmax`` of the logits after 1-2, so
+   ties go to the lowest token id exactly like Hugging Face ``generate``;
+4. other rows: temperature, top-k, top-p, min-p (in that order, as Hugging Face applies
+   its warpers), then one draw by exponential race, ``argmax(probs / E)`` with
+   ``E ~ Exponential(1)`` over the full vocabulary. A seeded row draws its ``E`` from its
+   own generator, so its tokens do not depend on what else is in the batch; unseeded
+   rows share the sampler's generator.
+
+Logprobs are ``log_softmax`` of the logits after 1-2 (penalties and the min_tokens mask)
+and before temperature, top-k, top-p and min-p.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from worker.engine.outputs import TokenLogprob
+from worker.protocol.sampling_params import SamplingParams
+
+# Below this temperature a row is sampled greedily (dividing by it would overflow).
+GREEDY_TEMPERATURE_EPS = 1e-5
+
+
+class SamplingInput(Protocol):
+    """What the sampler reads from each sequence of the batch."""
+
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    generator: torch.Generator | None  # per-request RNG when params.seed is set, else None
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
+    """Return a generator on ``device`` seeded with ``seed``, or None when ``seed`` is None.
+
+    The engine calls this once per request when the request is added; any Python int is
+    accepted (reduced modulo 2**64, the range ``manual_seed`` takes).
+    """
+    if seed is None:
+        return None
+    generator = torch.Generator(device=torch.device(device))
+    generator.manual_seed(seed % (1 << 64))
+    return generator
+
+
+# On the CPU, top-k/top-p first look among this many best tokens (torch.topk) and sort
+# the whole vocabulary only for rows whose kept set might reach past them.
+NUM_CANDIDATES = 1024
+
+
+def rank_filter_mask(
+    logits: torch.Tensor,
+    top_k: Sequence[int],
+    top_p: Sequence[float],
+    *,
+    num_candidates: int | None = None,
+) -> torch.Tensor:
+    """Tokens that top-k then top-p remove: a ``[rows, vocab]`` bool mask (True = removed).
+
+    Tokens rank by logit, equal logits by lower token id first (so ``top_k=1`` keeps
+    exactly ``torch.argmax``). Per row, top-k keeps the ``top_k`` best (0 = all); top-p
+    then keeps the smallest prefix of that ranking whose probability, renormalized over
+    the top-k, reaches ``top_p`` (1 = all; the best token always stays). ``logits`` are
+    ``[rows, vocab]``, already divided by the temperature.
+
+    With ``num_candidates`` set, only the best ``num_candidates`` tokens (at least
+    ``max(top_k) + 1``) are sorted, and the whole vocabulary only when a row's kept set
+    is not decided inside them; the result is the same either way.
+    """
+    vocab = logits.shape[1]
+    device = logits.device
+    k = torch.tensor([t if 0 < t < vocab else vocab for t in top_k], device=device)  # [F]
+    p = torch.tensor(list(top_p), dtype=torch.float32, device=device)  # [F]
+    if num_candidates is not None:
+        cand = max(num_candidates, max((t for t in top_k if 0 < t < vocab), default=0) + 1)
+        if cand <= vocab // 2:
+            vals, idx = torch.topk(logits, cand, dim=-1)  # [F, C], tie order unspecified
+            idx, perm = idx.sort(dim=-1)  # [F, C]: token id order ...
+            vals = vals.gather(1, perm)
+            vals, perm = torch.sort(vals, dim=-1, descending=True, stable=True)  # ... then by value
+            idx = idx.gather(1, perm)  # [F, C]: ranked like a stable sort of the whole row
+            keep = _kept_ranks(vals, k, p, vocab, torch.logsumexp(logits, dim=-1))  # [F]
+            last_kept = vals.gather(1, (keep - 1).unsqueeze(1)).squeeze(1)  # [F]
+            # Exact when every token outside the candidates ranks after the kept ones.
+            if bool((last_kept > vals[:, -1]).all()):
+                return _removed_outside(idx, keep, vocab)
+    vals, idx = torch.sort(logits, dim=-1, descending=True, stable=True)  # [F, V]
+    return _removed_outside(idx, _kept_ranks(vals, k, p, vocab, None), vocab)
+
+
+def _kept_ranks(
+    vals: torch.Tensor, k: torch.Tensor, p: torch.Tensor, vocab: int, lse: torch.Tensor | None
+) -> torch.Tensor:
+    """How many of the best tokens each row keeps; ``vals`` ``[F, C]`` ranked logits (the
+    whole row when ``lse`` is None, else its best C, ``lse`` the row's logsumexp)."""
+    ranks = torch.arange(vals.shape[1], device=vals.device).unsqueeze(0)  # [1, C]
+    in_k = ranks < k.unsqueeze(1)  # [F, C]
+    norm = torch.logsumexp(vals.masked_fill(~in_k, float("-inf")), dim=-1)  # [F]
+    if lse is not None:
+        norm = torch.where(k < vocab, norm, lse)  # without top-k, mass spreads past the candidates
+    probs = torch.exp(vals - norm.unsqueeze(1)).masked_fill(~in_k, 0.0)  # [F, C]
+    mass_before = probs.cumsum(dim=-1) - probs  # [F, C]: mass of the better-ranked tokens
+    # A token stays while the mass before it is still short of top_p.
+    in_p = (mass_before < p.unsqueeze(1)) | (p >= 1.0).unsqueeze(1)  # [F, C]
+    return (in_k & in_p).sum(dim=-1)  # [F]: both are prefixes of the ranking
+
+
+def _removed_outside(idx: torch.Tensor, keep: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``[F, vocab]`` True except at the first ``keep`` of the ranked token ids ``idx``."""
+    kept = torch.arange(idx.shape[1], device=idx.device).unsqueeze(0) < keep.unsqueeze(1)  # [F, C]
+    remove = torch.ones((idx.shape[0], vocab), dtype=torch.bool, device=idx.device)
+    return remove.scatter_(1, idx, ~kept)
+
+
+@dataclass
+class SamplerOutput:
+    """The sampled token of each row and, where asked, its logprobs."""
+
+    token_ids: list[int]  # one per row
+    logprobs: list[TokenLogprob | None]  # None where params.logprobs is None
+
+
+def _is_greedy(params: SamplingParams) -> bool:
+    return params.temperature < GREEDY_TEMPERATURE_EPS
+
+
+def _needs_penalties(params: SamplingParams) -> bool:
+    return (
+        params.repetition_penalty != 1.0
+        or params.presence_penalty != 0.0
+        or params.frequency_penalty != 0.0
+    )
+
+
+class Sampler:
+    """Turns the last-token logits of a batch into one token per row (see module doc)."""
+
+    def __init__(self, *, eos_token_ids: set[int], device: torch.device | str, seed: int = 0):
+        """``eos_token_ids`` are masked under min_tokens; ``seed`` seeds the generator
+        that unseeded rows share."""
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed % (1 << 64))
+
+    # ------------------------------------------------------------------ public
+
+    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingInput]) -> SamplerOutput:
+        """Sample one token per row.
+
+        ``logits`` is ``[num_rows, vocab]`` (float32; other float dtypes are upcast), row
+        ``i`` belonging to ``rows[i]``. The input tensor is never modified. Raises
+        ValueError on a bad shape, dtype or device.
+        """
+        self._check_inputs(logits, rows)
+        logits = logits.float()  # [R, V]; no copy when already float32
+        logits = self._apply_penalties_and_masks(logits, rows)  # a copy if anything changed
+
+        greedy_rows = [i for i, row in enumerate(rows) if _is_greedy(row.params)]
+        if len(greedy_rows) == len(rows):
+            tokens = logits.argmax(dim=-1)  # [R]: the all-greedy fast path
+        else:
+            tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)  # [R]
+            if greedy_rows:
+                g_idx = self._index(greedy_rows, logits.device)  # [G]
+                tokens[g_idx] = logits[g_idx].argmax(dim=-1)
+            sampled_rows = [i for i, row in enumerate(rows) if not _is_greedy(row.params)]
+            s_idx = self._index(sampled_rows, logits.device)  # [S]
+            tokens[s_idx] = self._sample_rows(logits[s_idx], [rows[i] for i in sampled_rows])
+
+        return SamplerOutput(
+            token_ids=tokens.tolist(), logprobs=self._logprobs(logits, rows, tokens)
+        )
+
+    # ---------------------------------------------------------------- internal
+
+    def _check_inputs(self, logits: torch.Tensor, rows: Sequence[SamplingInput]) -> None:
+        if not isinstance(logits, torch.Tensor):
+            raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+        if logits.dim() != 2:
+            raise ValueError(f"logits must be [num_rows, vocab], got shape {tuple(logits.shape)}")
+        if logits.shape[0] != len(rows):
+            raise ValueError(
+                f"logits have {logits.shape[0]} rows but {len(rows)} sequences were given"
+            )
+        if logits.shape[1] == 0:
+            raise ValueError("logits have an empty vocabulary dimension")
+        if not logits.is_floating_point():
+            raise ValueError(f"logits must be floating point, got {logits.dtype}")
+        if logits.device.type != self.device.type:
+            raise ValueError(f"logits are on {logits.device}, the sampler on {self.device}")
+
+    @staticmethod
+    def _index(positions: list[int], device: torch.device) -> torch.Tensor:
+        return torch.tensor(positions, dtype=torch.long, device=device)
+
+    @staticmethod
+    def _token_counts(
+        token_lists: list[list[int]], vocab: int, device: torch.device
+    ) -> torch.Tensor:
+        """``[len(token_lists), vocab]`` float32 counts of each token id in each list.
+
+        Ids outside ``[0, vocab)`` are not counted (they cannot be sampled either).
+        """
+        num = len(token_lists)
+        counts = torch.zeros((num, vocab + 1), dtype=torch.float32, device=device)  # [P, V+1]
+        longest = max((len(ids) for ids in token_lists), default=0)
+        if longest:
+            padded = [ids + [vocab] * (longest - len(ids)) for ids in token_lists]
+            ids_t = torch.tensor(padded, dtype=torch.long, device=device)  # [P, L], pad = vocab
+            ids_t = torch.where((ids_t < 0) | (ids_t > vocab), vocab, ids_t)
+            counts.scatter_add_(1, ids_t, torch.ones_like(ids_t, dtype=torch.float32))
+        return counts[:, :vocab]  # [P, V]: the pad column dropped
+
+    def _apply_penalties_and_masks(
+        self, logits: torch.Tensor, rows: Sequence[SamplingInput]
+    ) -> torch.Tensor:
+        """Penalties and the min_tokens mask; returns ``logits`` itself when no row needs
+        either, else a modified copy."""
+        vocab = logits.shape[1]
+        device = logits.device
+        penalized = [i for i, row in enumerate(rows) if _needs_penalties(row.params)]
+        under_min = [
+            i for i, row in enumerate(rows) if len(row.output_token_ids) < row.params.min_tokens
+        ]
+        if not penalized and not under_min:
+            return logits
+        out = logits.clone()
+
+        if penalized:
+            sub = [rows[i] for i in penalized]
+            p_idx = self._index(penalized, device)  # [P]
+            sel = out[p_idx]  # [P, V] (a copy)
+            out_counts = self._token_counts([r.output_token_ids for r in sub], vocab, device)
+
+            if any(r.params.repetition_penalty != 1.0 for r in sub):
+                prompt_counts = self._token_counts(
+                    [r.prompt_token_ids if r.params.repetition_penalty != 1.0 else [] for r in sub],
+                    vocab,
+                    device,
+                )
+                seen = (prompt_counts > 0) | (out_counts > 0)  # [P, V]
+                rep = torch.tensor(
+                    [r.params.repetition_penalty for r in sub], dtype=torch.float32, device=device
+                ).unsqueeze(1)  # [P, 1]
+                sel = torch.where(seen, torch.where(sel > 0, sel / rep, sel * rep), sel)
+
+            if any(
+                r.params.presence_penalty != 0.0 or r.params.frequency_penalty != 0.0 for r in sub
+            ):
+                presence = torch.tensor(
+                    [r.params.presence_penalty for r in sub], dtype=torch.float32, device=device
+                ).unsqueeze(1)  # [P, 1]
+                frequency = torch.tensor(
+                    [r.params.frequency_penalty for r in sub], dtype=torch.float32, device=device
+                ).unsqueeze(1)  # [P, 1]
+                sel = sel - frequency * out_counts - presence * (out_counts > 0).float()
+            out[p_idx] = sel
+
+        if under_min:
+            mask_rows: list[int] = []
+            mask_cols: list[int] = []
+            for i in under_min:
+                banned = self.eos_token_ids.union(rows[i].params.stop_token_ids)
+                cols = [t for t in banned if 0 <= t < vocab]
+                mask_rows.extend([i] * len(cols))
+                mask_cols.extend(cols)
+            if mask_cols:
+                out[self._index(mask_rows, device), self._index(mask_cols, device)] = float("-inf")
+        return out
+
+    def _sample_rows(self, logits: torch.Tensor, rows: Sequence[SamplingInput]) -> torch.Tensor:
+        """Sample one token for each non-greedy row; ``logits`` is ``[S, V]``, returns ``[S]``."""
+        num, vocab = logits.shape
+        device = logits.device
+        params = [row.params for row in rows]
+
+        temperature = torch.tensor(
+            [p.temperature for p in params], dtype=torch.float32, device=device
+        ).unsqueeze(1)  # [S, 1]
+        x = logits / temperature  # [S, V]
+
+        ranked = [i for i, p in enumerate(params) if 0 < p.top_k < vocab or p.top_p < 1.0]
+        if ranked:
+            every_row = len(ranked) == num
+            r_idx = None if every_row else self._index(ranked, device)  # [F]
+            sub = x if r_idx is None else x[r_idx]  # [F, V]
+            remove = rank_filter_mask(
+                sub,
+                [params[i].top_k for i in ranked],
+                [params[i].top_p for i in ranked],
+                num_candidates=NUM_CANDIDATES if device.type == "cpu" else None,
+            )  # [F, V]
+            sub = sub.masked_fill(remove, float("-inf"))
+            if r_idx is None:
+                x = sub
+            else:
+                x[r_idx] = sub
+
+        if any(p.min_p > 0.0 for p in params):
+            probs = torch.softmax(x, dim=-1)  # [S, V]
+            min_p = torch.tensor(
+                [p.min_p for p in params], dtype=torch.float32, device=device
+            ).unsqueeze(1)  # [S, 1]
+            x = x.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
+
+        probs = torch.softmax(x, dim=-1)  # [S, V]
+        noise = self._exponential_noise(rows, num, vocab, device)  # [S, V]
+        return (probs / noise).argmax(dim=-1)  # [S]
+
+    def _exponential_noise(
+        self, rows: Sequence[SamplingInput], num: int, vocab: int, device: torch.device
+    ) -> torch.Tensor:
+        """``[num, vocab]`` Exponential(1) draws: each seeded row's from its own generator
+        (one full-vocabulary draw per sampled token), the others from the shared one."""
+        noise = torch.empty((num, vocab), dtype=torch.float32, device=device)  # [S, V]
+        unseeded = [i for i, row in enumerate(rows) if row.generator is None]
+        if len(unseeded) == num:
+            noise.exponential_(generator=self.generator)
+        elif unseeded:
+            draws = torch.empty((len(unseeded), vocab), dtype=torch.float32, device=device)
+            noise[self._index(unseeded, device)] = draws.exponential_(generator=self.generator)
+        for i, row in enumerate(rows):
+            if row.generator is not None:
+                noise[i].exponential_(generator=row.generator)  # [V] view, contiguous
+        # A zero draw would turn 0/0 into NaN, which argmax would pick.
+        return noise.clamp_min_(torch.finfo(torch.float32).tiny)
+
+    def _logprobs(
+        self, logits: torch.Tensor, rows: Sequence[SamplingInput], tokens: torch.Tensor
+    ) -> list[TokenLogprob | None]:
+        """Logprob of each chosen token and the top-n, for rows with params.logprobs set."""
+        result: list[TokenLogprob | None] = [None] * len(rows)
+        wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+        if not wanted:
+            return result
+        w_idx = self._index(wanted, logits.device)  # [W]
+        logprobs = torch.log_softmax(logits[w_idx], dim=-1)  # [W, V]
+        chosen_t = tokens[w_idx]  # [W]
+        chosen_lp = logprobs.gather(1, chosen_t.unsqueeze(1)).squeeze(1)  # [W]
+        top_n = min(max(rows[i].params.logprobs or 0 for i in wanted), logprobs.shape[1])
+        top_vals: list[list[float]] = [[] for _ in wanted]
+        top_ids: list[list[int]] = [[] for _ in wanted]
+        if top_n > 0:
+            vals, ids = torch.topk(logprobs, top_n, dim=-1)  # [W, n] each, best first
+            top_vals, top_ids = vals.tolist(), ids.tolist()
+        for j, (i, token, lp) in enumerate(
+            zip(wanted, chosen_t.tolist(), chosen_lp.tolist(), strict=True)
+        ):
+            n = rows[i].params.logprobs or 0
+            top = dict(zip(top_ids[j][:n], top_vals[j][:n], strict=True))
+            result[i] = TokenLogprob(token_id=token, logprob=lp, top=top)
+        return result

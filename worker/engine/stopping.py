@@ -1,0 +1,170 @@
+"""When a sequence stops, and the text it ends with (vLLM semantics).
+
+``StopChecker.check`` runs after each new token is appended to a sequence:
+
+- once ``len(output) >= min_tokens``: an eos token (unless ``ignore_eos``) ends it with
+  ``"stop"`` (``stop_reason`` None), a token of ``stop_token_ids`` with ``"stop"``
+  (``stop_reason`` the id), a stop string with ``"stop"`` (``stop_reason`` the string,
+  ``text`` the output text cut before it, OpenAI style);
+- otherwise ``max_tokens`` output tokens, or ``prompt_len + len(output) >= max_model_len``,
+  end it with ``"length"`` (also while under min_tokens: the context cannot grow).
+
+A stop on the same token as a length limit reports ``"stop"``. Stop strings are looked
+for only in text the newest token produced, decoding a short tail window of the output
+rather than all of it; requests without stop strings cost no tokenizer work at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from worker.protocol.sampling_params import SamplingParams
+
+_REPLACEMENT = "\ufffd"  # what a decode shows for bytes of a not yet complete character
+# Extra characters wanted in the decoded context before the new token, beyond the
+# longest stop string, to cover decode artifacts at the window start (a stripped
+# leading space, replacement characters of a cut multi-byte character).
+_CONTEXT_SLACK = 2
+
+
+class Detokenizer(Protocol):
+    """The part of a Hugging Face tokenizer the checker uses."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str | list[str]:
+        """Text of ``token_ids`` (a list of ids gives one string)."""
+        ...
+
+
+@dataclass
+class StopDecision:
+    """Outcome of one check: ``finish_reason`` None means keep going."""
+
+    finish_reason: str | None  # "stop" | "length" | None
+    stop_reason: str | int | None  # the matched stop string or stop token id; None for eos / length
+    text: str | None  # stop strings only: the output text cut before the stop string
+
+    @property
+    def finished(self) -> bool:
+        """True when the sequence must stop now."""
+        return self.finish_reason is not None
+
+
+def _common_prefix_len(a: str, b: str) -> int:
+    if b.startswith(a):
+        return len(a)
+    n = 0
+    for ca, cb in zip(a, b, strict=False):
+        if ca != cb:
+            break
+        n += 1
+    return n
+
+
+def _earliest(text: str, stops: Sequence[str], start_for: dict[str, int]) -> tuple[int, str] | None:
+    """Earliest (index, stop string) found in ``text``, each string searched from
+    ``start_for[s]``; on equal indices the string listed first wins."""
+    best: tuple[int, str] | None = None
+    for stop in stops:
+        index = text.find(stop, start_for[stop])
+        if index != -1 and (best is None or index < best[0]):
+            best = (index, stop)
+    return best
+
+
+class StopChecker:
+    """Decides after every new token whether a sequence is finished (see module doc)."""
+
+    def __init__(self, *, tokenizer: Detokenizer, eos_token_ids: set[int], max_model_len: int):
+        """``tokenizer`` decodes output tokens (only for stop strings and final text)."""
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_model_len = max_model_len
+
+    def check(
+        self, *, prompt_len: int, output_token_ids: list[int], params: SamplingParams
+    ) -> StopDecision:
+        """Decide whether the sequence stops after its newest token ``output_token_ids[-1]``."""
+        num_output = len(output_token_ids)
+        if num_output and num_output >= params.min_tokens:
+            last = output_token_ids[-1]
+            if not params.ignore_eos and last in self.eos_token_ids:
+                return StopDecision(finish_reason="stop", stop_reason=None, text=None)
+            if last in params.stop_token_ids:
+                return StopDecision(finish_reason="stop", stop_reason=last, text=None)
+            if params.stop:
+                match = self._match_stop_string(output_token_ids, params)
+                if match is not None:
+                    stop, text = match
+                    return StopDecision(finish_reason="stop", stop_reason=stop, text=text)
+        if params.max_tokens is not None and num_output >= params.max_tokens:
+            return StopDecision(finish_reason="length", stop_reason=None, text=None)
+        if prompt_len + num_output >= self.max_model_len:
+            return StopDecision(finish_reason="length", stop_reason=None, text=None)
+        return StopDecision(
+            finish_reason=None, stop_reason=None, text=None
+        )  # fresh: callers may edit it
+
+    def final_text(self, output_token_ids: list[int], params: SamplingParams) -> str:
+        """Detokenized output at finish, honouring ``skip_special_tokens``.
+
+        A last token that stopped the sequence (eos unless ``ignore_eos``, or one of
+        ``stop_token_ids``, once min_tokens is reached) is not part of the text. For a
+        stop-string finish use ``StopDecision.text``, which is already cut.
+        """
+        ids = output_token_ids
+        if ids and len(ids) >= params.min_tokens:
+            last = ids[-1]
+            if (
+                not params.ignore_eos and last in self.eos_token_ids
+            ) or last in params.stop_token_ids:
+                ids = ids[:-1]
+        return self._decode(ids, params.skip_special_tokens)
+
+    # ---------------------------------------------------------------- internal
+
+    def _decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        if not isinstance(text, str):
+            raise TypeError(f"tokenizer.decode gave {type(text).__name__} for one sequence")
+        return text
+
+    def _match_stop_string(
+        self, output_token_ids: list[int], params: SamplingParams
+    ) -> tuple[str, str] | None:
+        """(stop string, text cut before it) when the newest token completes a stop
+        string, else None. Decodes a tail window of tokens only: wide enough that the
+        text before the newest token holds the longest stop string (widened, doubling,
+        when tokens decode to few characters, e.g. the bytes of one character)."""
+        skip = params.skip_special_tokens
+        stops = params.stop
+        longest = max(len(s) for s in stops)
+        num = len(output_token_ids)
+        context = min(num - 1, longest + _CONTEXT_SLACK)  # tokens before the newest one
+        while True:
+            window = output_token_ids[num - 1 - context :]
+            before = self._decode(window[:-1], skip)
+            if context == num - 1 or len(before.lstrip(_REPLACEMENT)) >= longest + _CONTEXT_SLACK:
+                break
+            context = min(num - 1, 2 * context)
+        after = self._decode(window, skip)
+
+        # Characters of ``after`` past ``known`` are new (or changed: a character the
+        # previous token had left incomplete). A match must end among them.
+        known = _common_prefix_len(before, after)
+        match = _earliest(after, stops, {s: max(0, known - len(s) + 1) for s in stops})
+        if match is None:
+            return None
+        index, stop = match
+
+        full = self._decode(output_token_ids, skip)
+        tail = after[index:]  # the stop string and what follows it
+        if full.endswith(tail):
+            return stop, full[: len(full) - len(tail)]
+        # The window decoded differently from the full text (should not happen once
+        # ``before`` is long enough); fall back on a search of the full text.
+        fallback = _earliest(full, stops, dict.fromkeys(stops, 0))
+        if fallback is None:
+            return stop, full
+        return fallback[1], full[: fallback[0]]
