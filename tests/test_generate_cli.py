@@ -80,6 +80,7 @@ class FakeOutput:
     new_token_ids: list[int] = field(default_factory=list)
     logprobs: list | None = None
     error: str | None = None
+    samples: list = field(default_factory=list)
 
 
 class FakeEngine:
@@ -331,3 +332,16 @@ def test_progress_bar_and_summary(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "2/2" in err and "tok/s" in err
     assert "2 line(s) written" in err and "1 ok, 1 failed, 0 skipped" in err
+
+
+def test_n_samples_become_n_choices(tmp_path) -> None:
+    from worker.cli.main import main
+
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"custom_id": "multi", "prompt": "the engine", "n": 3, "max_tokens": 6,
+                               "temperature": 1.0, "seed": 4, "ignore_eos": True}) + "\n")
+    dst = tmp_path / "out.jsonl"
+    assert main(["generate", str(src), "-o", str(dst), "--model", "tiny-llama", "-q"]) == 0
+    body = json.loads(dst.read_text())["response"]["body"]
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert body["usage"]["completion_tokens"] == 18

@@ -195,7 +195,7 @@ def test_unknown_field_in_batch_body_and_line():
     ({"prompt": "x", "top_logprobs": 3}, "top_logprobs", "is a /v1/chat/completions field"),
     ({"prompt": "x", "temperature": -1}, "temperature", "temperature=-1: must be a number >= 0"),
     ({"prompt": "x", "top_p": 0}, "top_p", "top_p=0: must be in (0, 1]"),
-    ({"prompt": "x", "n": 2}, "n", "only n=1 is supported"),
+    ({"prompt": "x", "n": 17}, "n", "must be an integer in [1, 16]"),
     ({"prompt": "x", "max_tokens": 0}, "max_tokens", "max_tokens=0: must be an integer >= 1"),
     ({"prompt": "x", "max_tokens": "5"}, "max_tokens", "max_tokens must be an integer"),
     ({"prompt": "x", "max_tokens": True}, "max_tokens", "max_tokens must be an integer"),

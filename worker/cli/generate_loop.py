@@ -15,6 +15,7 @@ from typing import Any
 
 from worker.cli.jsonl_io import OutputWriter
 from worker.protocol.openai_batch import (
+    ExtraChoice,
     GenerationRequest,
     LogprobInfo,
     RequestParseError,
@@ -149,11 +150,13 @@ def _write_result(engine: Any, writer: OutputWriter, progress: Progress, item: W
         _write_error(writer, progress, item, out.request_id,
                      InvalidRequestError(message), status_code=500, code="engine_error")
         return
+    others = out.samples[1:]
     body = build_response_body(
         request=request, request_id=out.request_id, model=engine.model_name, text=out.text,
         finish_reason=out.finish_reason, prompt_tokens=len(out.prompt_token_ids),
-        completion_tokens=len(out.token_ids), logprobs=_logprobs(engine, out.logprobs),
-        created=int(time.time()),
+        completion_tokens=len(out.token_ids) + sum(len(o.token_ids) for o in others),
+        logprobs=_logprobs(engine, out.logprobs), created=int(time.time()),
+        extra_choices=[ExtraChoice(o.text, o.finish_reason, _logprobs(engine, o.logprobs)) for o in others],
     )
     writer.write(format_batch_output_line(custom_id=item.custom_id, request_id=out.request_id,
                                           response_body=body, status_code=200, error=None))

@@ -23,6 +23,7 @@ from typing import Any
 from worker.protocol.openai_content import is_int, json_type, parse_messages, parse_prompt
 from worker.protocol.openai_errors import RequestParseError
 from worker.protocol.openai_output import (
+    ExtraChoice,
     LogprobInfo,
     build_response_body,
     error_object,
@@ -36,6 +37,7 @@ __all__ = [
     "CHAT_ENDPOINT",
     "COMPLETIONS_ENDPOINT",
     "ENDPOINTS",
+    "ExtraChoice",
     "GenerationRequest",
     "LogprobInfo",
     "RequestParseError",

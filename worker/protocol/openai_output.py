@@ -32,6 +32,15 @@ def new_request_id() -> str:
     return f"req_{uuid.uuid4().hex}"
 
 
+@dataclass
+class ExtraChoice:
+    """One more sample of a request with n > 1 (choice index 1, 2, ...)."""
+
+    text: str
+    finish_reason: str | None
+    logprobs: list[LogprobInfo] | None = None
+
+
 def build_response_body(
     *,
     request: GenerationRequest,
@@ -43,33 +52,40 @@ def build_response_body(
     completion_tokens: int,
     logprobs: list[LogprobInfo] | None = None,
     created: int,
+    extra_choices: list[ExtraChoice] | None = None,
 ) -> dict[str, Any]:
     """The ``chat.completion`` or ``text_completion`` object for one finished request.
 
-    ``logprobs`` is included (in the endpoint's own format) only when the request asked
-    for logprobs; otherwise the choice's ``logprobs`` is null.
+    ``text``/``finish_reason``/``logprobs`` are choice 0; ``extra_choices`` the other
+    samples when n > 1 (``completion_tokens`` counts all of them). ``logprobs`` is included
+    (in the endpoint's own format) only when the request asked for logprobs.
     """
-    if request.params.logprobs is None:
-        logprobs = None
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
              "total_tokens": prompt_tokens + completion_tokens}
+    samples = [ExtraChoice(text, finish_reason, logprobs), *(extra_choices or [])]
+    choices = [_choice(request, i, c) for i, c in enumerate(samples)]
     if request.is_chat:
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": _chat_logprobs(logprobs) if logprobs is not None else None,
-            "finish_reason": finish_reason,
-        }
         return {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": created,
-                "model": model, "choices": [choice], "usage": usage}
-    choice = {
-        "index": 0,
-        "text": text,
-        "logprobs": _completion_logprobs(logprobs) if logprobs is not None else None,
-        "finish_reason": finish_reason,
-    }
+                "model": model, "choices": choices, "usage": usage}
     return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": created,
-            "model": model, "choices": [choice], "usage": usage}
+            "model": model, "choices": choices, "usage": usage}
+
+
+def _choice(request: GenerationRequest, index: int, sample: ExtraChoice) -> dict[str, Any]:
+    logprobs = sample.logprobs if request.params.logprobs is not None else None
+    if request.is_chat:
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": sample.text},
+            "logprobs": _chat_logprobs(logprobs) if logprobs is not None else None,
+            "finish_reason": sample.finish_reason,
+        }
+    return {
+        "index": index,
+        "text": sample.text,
+        "logprobs": _completion_logprobs(logprobs) if logprobs is not None else None,
+        "finish_reason": sample.finish_reason,
+    }
 
 
 def error_object(message: str, *, code: str | None = None, param: str | None = None,
