@@ -76,6 +76,8 @@ class LLMEngine:
         self.runner = ModelRunner(
             model=model, num_blocks=num_blocks, block_size=args.block_size, device=self.device,
             dtype=self.dtype, backend=get_backend(self.device, args.attention_backend),
+            max_num_seqs=args.max_num_seqs, max_model_len=self.max_model_len,
+            use_decode_graphs=args.decode_graphs,
         )
         self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(

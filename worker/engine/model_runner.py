@@ -7,6 +7,7 @@ import torch
 
 from kernels import AttentionBackend
 from worker.engine.attention_metadata import AttentionMetadata
+from worker.engine.decode_graphs import DecodeGraphs
 from worker.engine.models.llama import LlamaForPackedCausalLM
 from worker.engine.scheduler import ScheduledSequence
 
@@ -30,6 +31,9 @@ class ModelRunner:
         device: torch.device,
         dtype: torch.dtype,
         backend: AttentionBackend,
+        max_num_seqs: int = 64,
+        max_model_len: int = 2048,
+        use_decode_graphs: bool | None = None,
     ) -> None:
         config = model.config
         self.model = model
@@ -42,6 +46,16 @@ class ModelRunner:
         self.k_pool = torch.zeros((config.num_hidden_layers, *shape), dtype=dtype, device=device)
         self.v_pool = torch.zeros((config.num_hidden_layers, *shape), dtype=dtype, device=device)
         self.kv_caches = [(self.k_pool[i], self.v_pool[i]) for i in range(config.num_hidden_layers)]
+        self.pin = device.type == "cuda"  # stage host inputs in pinned memory for async copies
+        if use_decode_graphs is None:
+            use_decode_graphs = device.type == "cuda"
+        self.decode_graphs: DecodeGraphs | None = None
+        if use_decode_graphs:
+            self.decode_graphs = DecodeGraphs(
+                model=model, kv_caches=self.kv_caches, backend=backend, device=device,
+                max_batch=max_num_seqs, max_blocks_per_seq=-(-max_model_len // block_size),
+            )
+            self.decode_graphs.capture()
 
     def build_inputs(self, scheduled: list[ScheduledSequence]) -> tuple[torch.Tensor, AttentionMetadata]:
         """Packed ``input_ids`` and the AttentionMetadata of a step (decodes come first)."""
@@ -71,7 +85,10 @@ class ModelRunner:
         dev = self.device
 
         def t(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(a).to(dev, non_blocking=True)
+            host = torch.from_numpy(a)
+            if self.pin:
+                host = host.pin_memory()
+            return host.to(dev, non_blocking=True)
 
         meta = AttentionMetadata(
             positions=t(positions),
@@ -83,7 +100,7 @@ class ModelRunner:
             num_decode_seqs=num_decode,
             logits_indices=t(np.asarray(logits_indices, dtype=np.int64)),
         )
-        ids = torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True)
+        ids = t(np.asarray(input_ids, dtype=np.int64))
         return ids, meta
 
     @torch.inference_mode()
@@ -100,4 +117,8 @@ class ModelRunner:
     def execute(self, scheduled: list[ScheduledSequence]) -> torch.Tensor:
         """Run one step; logits ``[num_sampling_seqs, vocab]`` in scheduled order."""
         input_ids, meta = self.build_inputs(scheduled)
+        graphs = self.decode_graphs
+        if (graphs is not None and meta.num_decode_seqs == meta.num_seqs
+                and graphs.fits(meta.num_seqs, meta.block_tables.shape[1])):
+            return graphs.run(input_ids, meta)
         return self.model(input_ids, meta, self.kv_caches, self.backend)
