@@ -18,7 +18,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("worker.cli.bench_cmd", "benchmark the engine against its static policy and HF"),
     "worker": ("worker.cli.worker_cmd", "run a long-lived worker pulling jobs from Redis"),
     "enqueue": ("worker.cli.enqueue_cmd", "enqueue a JSONL file of requests as jobs"),
-    "jobs": ("worker.cli.jobs_cmd", "list and inspect jobs"),
+    "jobs": ("worker.cli.jobs_cmd", "list jobs"),
+    "job": ("worker.cli.jobs_cmd", "show one job: state, timeline and result"),
     "migrate": ("worker.cli.migrate_cmd", "apply the database migrations"),
 }
 
@@ -33,7 +34,7 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         if name == selected:
             importlib.import_module(module_name).add_parser(subparsers)
-        else:
+        elif name not in subparsers.choices:  # a module may register several commands
             subparsers.add_parser(name, help=help_text, description=help_text)
     return parser
 

@@ -1,0 +1,256 @@
+"""Service benchmark: end-to-end throughput through Redis and PostgreSQL against the
+in-process engine on the same workload in the same run, and intake rate with a no-op model.
+
+    .venv/bin/python benchmarks/service_bench.py --model tiny-llama
+
+Needs Redis (127.0.0.1:6379) and PostgreSQL (127.0.0.1:5432, trust auth); it creates and
+drops its own database and uses its own Redis key prefix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from worker.queue.connection import make_redis
+from worker.queue.group import ensure_groups
+from worker.queue.keys import QueueKeys
+from worker.queue.producer import enqueue
+from worker.service.config import WorkerConfig
+from worker.service.worker import Worker
+from worker.store.crud.jobs import count_by_status
+from worker.store.db import make_engine, make_session_factory
+from worker.store.migrate import upgrade
+from worker.store.schemas import NewJob
+
+PG = "postgresql://postgres@127.0.0.1:5432/"
+
+
+# -- a no-op engine, only for measuring intake ----------------------------------------------
+@dataclass
+class _Metrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+
+
+@dataclass
+class _Out:
+    request_id: str
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    metrics: _Metrics
+    finished: bool = True
+    error: str | None = None
+
+
+@dataclass
+class _Stats:
+    step: int
+    num_running: int = 0
+    num_waiting: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    num_preemptions: int = 0
+    num_admitted: int = 0
+    num_finished: int = 0
+    schedule_seconds: float = 0.0
+    forward_seconds: float = 0.0
+    sample_seconds: float = 0.0
+    start_time: float = field(default_factory=time.time)
+
+
+class NoOpEngine:
+    """Same API as LLMEngine; every request finishes in the step after it is added."""
+
+    def __init__(self, max_num_seqs: int = 1024) -> None:
+        self.max_num_seqs = max_num_seqs
+        self.pending: dict[str, list[int]] = {}
+        self.step_index = 0
+
+    def tokenize(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
+        return [1, 2, 3]
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: Any = None, **kw: Any) -> None:
+        self.pending[request_id] = prompt_token_ids
+
+    def abort_request(self, request_id: str) -> None:
+        self.pending.pop(request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.pending)
+
+    def admission_capacity(self) -> int:
+        return max(0, self.max_num_seqs - len(self.pending))
+
+    def step(self) -> tuple[list[_Out], _Stats]:
+        now = time.time()
+        outs = [
+            _Out(rid, ids, "ok", [7], "length", _Metrics(now, now, now, now, self.step_index, self.step_index))
+            for rid, ids in self.pending.items()
+        ]
+        self.pending = {}
+        stats = _Stats(step=self.step_index, num_finished=len(outs), num_admitted=len(outs))
+        self.step_index += 1
+        return outs, stats
+
+
+# -- helpers ------------------------------------------------------------------------------------
+class Env:
+    """A throwaway PostgreSQL database and Redis prefix."""
+
+    def __init__(self, redis_url: str) -> None:
+        import psycopg
+
+        self.name = f"inflight_bench_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(PG + "postgres", autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{self.name}"')
+        self.url = PG + self.name
+        upgrade(url=self.url)
+        self.db = make_engine(url=self.url)
+        self.sf = make_session_factory(engine=self.db)
+        self.redis_url = redis_url
+        self.redis = make_redis(url=redis_url)
+        self.keys = QueueKeys(prefix=f"bench-{uuid.uuid4().hex[:8]}")
+        ensure_groups(redis_client=self.redis, keys=self.keys)
+
+    def close(self) -> None:
+        import psycopg
+
+        for k in self.redis.scan_iter(match=f"{self.keys.prefix}:*"):
+            self.redis.delete(k)
+        self.db.dispose()
+        with psycopg.connect(PG + "postgres", autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+    def done(self) -> int:
+        with self.sf() as s:
+            c = count_by_status(session=s)
+        return c.get("succeeded", 0) + c.get("failed", 0)
+
+
+def run_worker(env: Env, engine: Any, n: int, **cfg: Any) -> tuple[float, dict]:
+    """Run a worker in this process on ``engine`` until ``n`` jobs ended; seconds, stats."""
+    config = WorkerConfig(database_url=env.url, redis_url=env.redis_url, prefix=env.keys.prefix,
+                          name=f"bench-{uuid.uuid4().hex[:6]}", reconcile_interval=3600, **cfg)
+    worker = Worker(config, engine_factory=lambda c: engine, install_signals=False)
+    t = threading.Thread(target=worker.run, daemon=True)
+    t0 = time.perf_counter()
+    t.start()
+    while env.done() < n:
+        time.sleep(0.02)
+    elapsed = time.perf_counter() - t0
+    worker.stop()
+    t.join(60)
+    return elapsed, worker.stats
+
+
+def bench_throughput(args: argparse.Namespace, env: Env) -> dict:
+    from worker.engine import EngineArgs, LLMEngine, SamplingParams
+    from worker.engine.bench.workload import fit_to_vocab, read_workload
+
+    engine = LLMEngine(EngineArgs(model=args.model, max_num_seqs=args.max_num_seqs, num_threads=args.threads))
+    reqs = fit_to_vocab(read_workload(args.workload), engine.runner.model.config.vocab_size)
+
+    def baseline() -> tuple[float, int]:
+        t0 = time.perf_counter()
+        for r in reqs:
+            engine.add_request(f"base-{uuid.uuid4().hex}", r.prompt_token_ids,
+                               SamplingParams(max_tokens=r.max_tokens, temperature=0, ignore_eos=True))
+        tokens = 0
+        while engine.has_unfinished_requests():
+            outs, _ = engine.step()
+            tokens += sum(len(o.token_ids) for o in outs if o.finished)
+        return time.perf_counter() - t0, tokens
+
+    baseline()  # warm-up
+    results: dict[str, list[float]] = {"engine": [], "service": []}
+    for _ in range(args.rounds):
+        secs, tokens = baseline()
+        results["engine"].append(tokens / secs)
+        jobs = [NewJob(request={"url": "/v1/completions", "body": {
+            "prompt": r.prompt_token_ids, "max_tokens": r.max_tokens, "temperature": 0, "ignore_eos": True}})
+            for r in reqs]
+        before = env.done()
+        enqueue(session_factory=env.sf, redis_client=env.redis, keys=env.keys, jobs=jobs)
+        secs, _ = run_worker(env, engine, before + len(jobs), prefetch=args.prefetch)
+        with env.db.connect() as c:
+            from sqlalchemy import text
+            svc_tokens = c.execute(text("SELECT sum(completion_tokens) FROM jobs WHERE id = ANY(:ids)"),
+                                   {"ids": [j.id for j in jobs]}).scalar()
+        assert svc_tokens == tokens, (svc_tokens, tokens)
+        results["service"].append(svc_tokens / secs)
+    eng = sorted(results["engine"])[len(results["engine"]) // 2]
+    svc = sorted(results["service"])[len(results["service"]) // 2]
+    return {"model": args.model, "requests": len(reqs), "tokens": tokens,
+            "engine_tok_s": round(eng, 1), "service_tok_s": round(svc, 1), "ratio": round(svc / eng, 3),
+            "rounds": {k: [round(x, 1) for x in v] for k, v in results.items()}}
+
+
+def bench_intake(args: argparse.Namespace, env: Env) -> dict:
+    n = args.intake_jobs
+    jobs = [NewJob(request={"url": "/v1/completions", "body": {"prompt": f"p{i}", "max_tokens": 1}})
+            for i in range(n)]
+    t0 = time.perf_counter()
+    for i in range(0, n, 1000):
+        enqueue(session_factory=env.sf, redis_client=env.redis, keys=env.keys, jobs=jobs[i:i + 1000])
+    enq = time.perf_counter() - t0
+    before = env.done()
+    secs, stats = run_worker(env, NoOpEngine(args.noop_batch), before + n, prefetch=args.noop_batch,
+                             write_traces=True)
+    return {"jobs": n, "enqueue_jobs_s": round(n / enq), "consume_jobs_s": round(n / secs),
+            "transactions": stats.get("transactions"), "steps": stats.get("steps")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny-llama")
+    p.add_argument("--workload", default=str(Path(__file__).resolve().parent / "heavy_tailed.jsonl"))
+    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--prefetch", type=int, default=4)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--intake-jobs", type=int, default=20_000)
+    p.add_argument("--noop-batch", type=int, default=1024)
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--skip-intake", action="store_true")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    out: dict[str, Any] = {}
+    if not args.skip_intake:
+        env = Env(args.redis_url)
+        try:
+            out["intake"] = bench_intake(args, env)
+            print(json.dumps({"intake": out["intake"]}), flush=True)
+        finally:
+            env.close()
+    if not args.skip_throughput:
+        env = Env(args.redis_url)
+        try:
+            out["throughput"] = bench_throughput(args, env)
+            print(json.dumps({"throughput": out["throughput"]}), flush=True)
+        finally:
+            env.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Queue behaviour against the real Redis (and PostgreSQL for the SQL side)."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from tests.service.conftest import delete_prefix
+from worker.queue.claim import take_over_stale
+from worker.queue.consumer import ack, own_pending, read_new, redeliver, touch
+from worker.queue.dead_letter import dead_letter, over_limit
+from worker.queue.group import ensure_groups
+from worker.queue.message import JobMessage, MessageError
+from worker.queue.producer import enqueue
+from worker.queue.reconciler import reconcile
+from worker.queue.trim import trim_streams
+from worker.store.crud.jobs import get_job, start_jobs
+from worker.store.schemas import NewJob
+
+pytestmark = pytest.mark.services
+
+
+def _new(n: int, cls: str = "batch") -> list[NewJob]:
+    return [NewJob(request={"url": "/v1/completions", "body": {"prompt": f"p{i}"}}, queue_class=cls) for i in range(n)]
+
+
+def test_message_roundtrip_and_version() -> None:
+    msg = JobMessage(job_id="j", body={"a": [1]}, tenant="t", priority=3, attempt=2, traceparent="00-ab-cd-01")
+    assert JobMessage.decode(msg.encode()) == msg
+    with pytest.raises(MessageError, match="version"):
+        JobMessage.decode({**msg.encode(), "v": "99"})
+    with pytest.raises(MessageError):
+        JobMessage.decode({"v": "1", "job_id": "x"})
+
+
+def test_enqueue_commits_then_reads_interactive_first_without_hoarding(session_factory, redis_client, keys) -> None:
+    ensure_groups(redis_client=redis_client, keys=keys)
+    batch_ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=_new(5))
+    inter_ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=_new(2, "interactive"))
+    with session_factory() as s:
+        assert all(get_job(session=s, job_id=j).status == "queued" for j in batch_ids + inter_ids)
+    got = read_new(redis_client=redis_client, keys=keys, consumer="c1", count=3)
+    assert [d.job_id for d in got] == [*inter_ids, batch_ids[0]]  # interactive first, only 3
+    assert read_new(redis_client=redis_client, keys=keys, consumer="c1", count=0) == []
+    rest = read_new(redis_client=redis_client, keys=keys, consumer="c1", count=100)
+    assert [d.job_id for d in rest] == batch_ids[1:]
+    assert ack(redis_client=redis_client, keys=keys, entries=[(d.stream, d.entry_id) for d in got + rest]) == 7
+    t0 = time.monotonic()
+    assert read_new(redis_client=redis_client, keys=keys, consumer="c1", count=5, block_ms=200) == []
+    assert time.monotonic() - t0 >= 0.15
+
+
+def test_own_pending_and_redeliver_count_deliveries(session_factory, redis_client, keys) -> None:
+    ensure_groups(redis_client=redis_client, keys=keys)
+    ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=_new(3))
+    first = read_new(redis_client=redis_client, keys=keys, consumer="w-a", count=3)
+    ack(redis_client=redis_client, keys=keys, entries=[(first[0].stream, first[0].entry_id)])
+    # the process dies; a new one with the same consumer name lists what was left ...
+    pending = own_pending(redis_client=redis_client, keys=keys, consumer="w-a")
+    assert [(e, n) for _, e, n in pending] == [(d.entry_id, 1) for d in first[1:]]
+    assert own_pending(redis_client=redis_client, keys=keys, consumer="w-b") == []
+    # ... and replays it: each redelivery counts
+    again = redeliver(redis_client=redis_client, keys=keys, consumer="w-a", entries=[(s, e) for s, e, _ in pending])
+    assert [(d.job_id, d.deliveries) for d in again] == [(ids[1], 2), (ids[2], 2)]
+
+
+def test_take_over_stale_respects_touch_and_dead_letters(session_factory, redis_client, keys) -> None:
+    ensure_groups(redis_client=redis_client, keys=keys)
+    ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=_new(2))
+    got = read_new(redis_client=redis_client, keys=keys, consumer="dead", count=2)
+    time.sleep(0.3)
+    touch(redis_client=redis_client, keys=keys, consumer="dead", entries=[(got[0].stream, got[0].entry_id)])
+    taken = take_over_stale(redis_client=redis_client, keys=keys, consumer="alive", min_idle_ms=200, count=10)
+    assert taken == [(got[1].stream, got[1].entry_id)]  # the touched one stays with its owner
+    # taking over does not count as a delivery; redelivering does
+    assert [n for _, _, n in own_pending(redis_client=redis_client, keys=keys, consumer="alive")] == [1]
+    for expected in (2, 3, 4):
+        (d,) = redeliver(redis_client=redis_client, keys=keys, consumer="alive", entries=taken)
+        assert d.deliveries == expected
+    assert over_limit(d, max_deliveries=3)
+    failed = dead_letter(redis_client=redis_client, session_factory=session_factory, keys=keys,
+                         deliveries=[d], reason="too many deliveries")
+    assert failed == [ids[1]]
+    with session_factory() as s:
+        job = get_job(session=s, job_id=ids[1])
+        assert job.status == "failed" and "dead-lettered" in job.error
+    dead = redis_client.xrange(keys.dead)
+    assert [f["job_id"] for _, f in dead] == [ids[1]]
+    assert redis_client.xpending(keys.stream("batch"), keys.group)["pending"] == 1
+
+
+def test_trim_never_deletes_pending_or_unread(session_factory, redis_client, keys) -> None:
+    ensure_groups(redis_client=redis_client, keys=keys)
+    enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=_new(6))
+    got = read_new(redis_client=redis_client, keys=keys, consumer="c", count=4)
+    # ack 0, 2, 3; 1 stays pending; 4 and 5 unread
+    ack(redis_client=redis_client, keys=keys, entries=[(got[i].stream, got[i].entry_id) for i in (0, 2, 3)])
+    assert trim_streams(redis_client=redis_client, keys=keys) == 1  # only entry 0 may go
+    left = [eid for eid, _ in redis_client.xrange(keys.stream("batch"))]
+    assert left[0] == got[1].entry_id and len(left) == 5
+    ack(redis_client=redis_client, keys=keys, entries=[(got[1].stream, got[1].entry_id)])
+    assert trim_streams(redis_client=redis_client, keys=keys) == 3
+    assert len(read_new(redis_client=redis_client, keys=keys, consumer="c", count=10)) == 2
+
+
+def test_reconciler_republishes_after_flush(session_factory, redis_client, keys) -> None:
+    ensure_groups(redis_client=redis_client, keys=keys)
+    ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=_new(4))
+    got = read_new(redis_client=redis_client, keys=keys, consumer="c", count=1)
+    with session_factory.begin() as s:  # a worker that is not alive had started one
+        start_jobs(session=s, job_ids=[got[0].job_id], worker_id="gone")
+    assert reconcile(session_factory=session_factory, redis_client=redis_client, keys=keys, grace=timedelta(0)) == []
+    delete_prefix(redis_client, keys.prefix)  # Redis lost everything
+    back = reconcile(session_factory=session_factory, redis_client=redis_client, keys=keys, grace=timedelta(0))
+    assert sorted(back) == sorted(ids)
+    again = read_new(redis_client=redis_client, keys=keys, consumer="c", count=10)
+    assert sorted(d.job_id for d in again) == sorted(ids)
+    assert {d.message.attempt for d in again if d.job_id == got[0].job_id} == {1}
+    # once published they are present: a second pass does nothing
+    assert reconcile(session_factory=session_factory, redis_client=redis_client, keys=keys, grace=timedelta(0)) == []

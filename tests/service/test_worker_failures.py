@@ -1,0 +1,213 @@
+"""Worker processes against the real Redis and PostgreSQL: kill -9, a poison job, Redis
+losing its data, PostgreSQL unreachable, SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections import Counter
+
+import psycopg
+import pytest
+
+from tests.service.conftest import REDIS_URL, delete_prefix
+from tests.service.helpers import prompt_jobs, start_worker, wait_for
+from tests.service.tcp_proxy import TcpProxy
+from worker.queue.group import ensure_groups
+from worker.queue.producer import enqueue
+from worker.store.crud.jobs import count_by_status
+from worker.store.schemas import NewJob
+
+pytestmark = pytest.mark.services
+
+AUDIT_SQL = """
+CREATE TABLE job_audit (job_id text, old_status text, new_status text, at timestamptz DEFAULT now());
+CREATE FUNCTION job_audit_fn() RETURNS trigger AS $$
+BEGIN
+  IF OLD.status IN ('succeeded', 'failed', 'cancelled')
+     OR NEW.status IN ('succeeded', 'failed', 'cancelled') THEN
+    INSERT INTO job_audit (job_id, old_status, new_status) VALUES (NEW.id, OLD.status, NEW.status);
+  END IF;
+  RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER job_audit AFTER UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION job_audit_fn();
+"""
+
+
+def _counts(session_factory) -> dict[str, int]:
+    with session_factory() as s:
+        return count_by_status(session=s)
+
+
+def _done(session_factory, n: int) -> bool:
+    c = _counts(session_factory)
+    return sum(c.get(k, 0) for k in ("succeeded", "failed", "cancelled")) >= n
+
+
+def _stop(proc: subprocess.Popen, timeout: float = 60) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout)
+
+
+def _assert_each_result_written_once(pg_url: str, n: int) -> None:
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute("SELECT job_id, old_status, new_status FROM job_audit").fetchall()
+    assert not [r for r in rows if r[1] in ("succeeded", "failed", "cancelled")], "a result was overwritten"
+    per_job = Counter(r[0] for r in rows)
+    assert len(per_job) == n and set(per_job.values()) == {1}, "some job got more than one result"
+
+
+def test_kill9_mid_run_then_new_worker(migrated_pg, session_factory, redis_client, keys, tmp_path) -> None:
+    with psycopg.connect(migrated_pg, autocommit=True) as conn:
+        conn.execute(AUDIT_SQL)
+    ensure_groups(redis_client=redis_client, keys=keys)
+    ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=prompt_jobs(200))
+    log = tmp_path / "workers.log"
+    a = start_worker(db_url=migrated_pg, redis_url=REDIS_URL, prefix=keys.prefix, name="a", log_path=log)
+    try:
+        wait_for(lambda: _counts(session_factory).get("succeeded", 0) >= 40, timeout=90, what="40 results from worker a")
+        a.kill()  # SIGKILL: no drain, no ack of in-flight work
+        a.wait(10)
+        assert _counts(session_factory).get("succeeded", 0) < 200, "worker a finished everything before the kill"
+        b = start_worker(db_url=migrated_pg, redis_url=REDIS_URL, prefix=keys.prefix, name="b", log_path=log)
+        try:
+            wait_for(lambda: _done(session_factory, len(ids)), timeout=150, what="all 200 jobs to end")
+            assert _counts(session_factory) == {"succeeded": 200}
+            wait_for(lambda: redis_client.xpending(keys.stream("batch"), keys.group)["pending"] == 0,
+                     timeout=20, what="every entry to be acked")
+        finally:
+            assert _stop(b) == 0
+    finally:
+        if a.poll() is None:
+            a.kill()
+    _assert_each_result_written_once(migrated_pg, 200)
+    assert "took over" in log.read_text()
+
+
+def test_poison_job_is_dead_lettered(migrated_pg, session_factory, redis_client, keys, tmp_path) -> None:
+    ensure_groups(redis_client=redis_client, keys=keys)
+    good = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=prompt_jobs(6))
+    poison = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=[
+        NewJob(request={"url": "/v1/completions", "body": {"prompt": "POISON pill", "max_tokens": 4}})])
+    good += enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=prompt_jobs(6, tag="late"))
+    log = tmp_path / "workers.log"
+    crashes = 0
+    for _ in range(6):  # the same consumer name each time: every start replays its own pending
+        w = start_worker(db_url=migrated_pg, redis_url=REDIS_URL, prefix=keys.prefix, name="p", log_path=log,
+                         module="tests.service.poison_worker")
+        try:
+            wait_for(lambda w=w: w.poll() is not None or _done(session_factory, 13), timeout=90, what="a crash or the end")
+            if w.poll() is None:
+                break
+            assert w.returncode == 17
+            crashes += 1
+        finally:
+            if w.poll() is None:
+                assert _stop(w) == 0
+    assert crashes == 3  # delivered 3 times (limit 3): the 4th delivery dead-letters it
+    with session_factory() as s:
+        from worker.store.crud.jobs import get_job
+
+        job = get_job(session=s, job_id=poison[0])
+        assert job.status == "failed" and "dead-lettered" in job.error
+        assert all(get_job(session=s, job_id=j).status == "succeeded" for j in good)
+    dead = redis_client.xrange(keys.dead)
+    assert [f["job_id"] for _, f in dead] == poison
+
+
+def test_redis_flushed_mid_run(migrated_pg, session_factory, redis_client, keys, tmp_path) -> None:
+    with psycopg.connect(migrated_pg, autocommit=True) as conn:
+        conn.execute(AUDIT_SQL)
+    ensure_groups(redis_client=redis_client, keys=keys)
+    ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=prompt_jobs(120, max_tokens=8))
+    w = start_worker(db_url=migrated_pg, redis_url=REDIS_URL, prefix=keys.prefix, name="f", log_path=tmp_path / "w.log")
+    try:
+        wait_for(lambda: _counts(session_factory).get("succeeded", 0) >= 10, timeout=90, what="first results")
+        delete_prefix(redis_client, keys.prefix)  # Redis lost everything (streams, group, locks)
+        left = 120 - _counts(session_factory).get("succeeded", 0)
+        assert left > 20
+        wait_for(lambda: _done(session_factory, len(ids)), timeout=120, what="all jobs to end after the flush")
+        assert _counts(session_factory) == {"succeeded": 120}
+    finally:
+        assert _stop(w) == 0
+    assert "reconciler re-published" in (tmp_path / "w.log").read_text()
+    _assert_each_result_written_once(migrated_pg, 120)
+
+
+def _acked_job_ids(redis_client, keys) -> set[str]:
+    stream = keys.stream("batch")
+    entries = redis_client.xrange(stream)
+    (group,) = redis_client.xinfo_groups(stream)
+    last = tuple(int(x) for x in group["last-delivered-id"].split("-"))
+    pending = {r["message_id"] for r in redis_client.xpending_range(stream, keys.group, "-", "+", 100_000)}
+    return {f["job_id"] for eid, f in entries
+            if tuple(int(x) for x in eid.split("-")) <= last and eid not in pending}
+
+
+def test_postgres_unreachable_for_a_few_seconds(migrated_pg, session_factory, redis_client, keys, tmp_path) -> None:
+    ensure_groups(redis_client=redis_client, keys=keys)
+    ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=prompt_jobs(100, max_tokens=8))
+    proxy = TcpProxy(5432)
+    via_proxy = migrated_pg.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    w = start_worker(db_url=via_proxy, redis_url=REDIS_URL, prefix=keys.prefix, name="pg", log_path=tmp_path / "w.log",
+                     extra=["--trim-interval", "3600"])
+    try:
+        wait_for(lambda: _counts(session_factory).get("succeeded", 0) >= 10, timeout=90, what="first results")
+        proxy.cut()
+        checks = 0
+        t_end = time.monotonic() + 4
+        while time.monotonic() < t_end:
+            acked = _acked_job_ids(redis_client, keys)  # Redis first, then SQL (direct, not cut)
+            with psycopg.connect(migrated_pg) as conn:
+                rows = conn.execute("SELECT id FROM jobs WHERE status = 'succeeded'").fetchall()
+            assert acked <= {r[0] for r in rows}, "a job was acked before its result was written"
+            checks += 1
+            time.sleep(0.2)
+        assert w.poll() is None, "the worker died during the outage"
+        proxy.restore()
+        wait_for(lambda: _done(session_factory, len(ids)), timeout=120, what="all jobs to end after the outage")
+        assert _counts(session_factory) == {"succeeded": 100}
+        assert _acked_job_ids(redis_client, keys) == set(ids)
+        assert checks >= 5
+    finally:
+        proxy.restore()
+        assert _stop(w) == 0
+        proxy.close()
+    assert "retrying" in (tmp_path / "w.log").read_text()
+
+
+def test_sigterm_drains_and_second_signal_stops_at_once(migrated_pg, session_factory, redis_client, keys, tmp_path) -> None:
+    ensure_groups(redis_client=redis_client, keys=keys)
+    ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=prompt_jobs(24, max_tokens=24))
+    log = tmp_path / "w.log"
+    w = start_worker(db_url=migrated_pg, redis_url=REDIS_URL, prefix=keys.prefix, name="d", log_path=log)
+    wait_for(lambda: _counts(session_factory).get("succeeded", 0) >= 3, timeout=90, what="first results")
+    t0 = time.monotonic()
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(60) == 0
+    assert time.monotonic() - t0 < 30
+    counts = _counts(session_factory)
+    assert counts.get("running", 0) == 0  # in-flight work finished or was handed back
+    assert counts.get("succeeded", 0) < 24 and sum(counts.values()) == 24
+    # a new worker under the same name replays the handed-back entries and finishes the rest
+    w2 = start_worker(db_url=migrated_pg, redis_url=REDIS_URL, prefix=keys.prefix, name="d", log_path=log)
+    try:
+        wait_for(lambda: _done(session_factory, len(ids)), timeout=90, what="the rest to finish")
+        assert _counts(session_factory) == {"succeeded": 24}
+        # second signal during a drain: stop at once, without waiting for the long jobs
+        long = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys,
+                       jobs=[NewJob(request={"url": "/v1/completions", "body": {"prompt": "go", "max_tokens": 200, "ignore_eos": True}})
+                             for _ in range(4)])
+        wait_for(lambda: _counts(session_factory).get("running", 0) >= 4, timeout=30, what="long jobs to start")
+        w2.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        w2.send_signal(signal.SIGTERM)
+        assert w2.wait(30) == 1
+        assert time.monotonic() - t0 < 10
+        assert redis_client.xpending(keys.stream("batch"), keys.group)["pending"] == len(long)
+    finally:
+        if w2.poll() is None:
+            w2.kill()

@@ -1,0 +1,98 @@
+"""``inflight enqueue INPUT.jsonl``: one job per line (the ``inflight generate`` line
+formats), committed to SQL and then published to Redis; prints the job ids."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from typing import TextIO
+
+CHUNK = 1000
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``enqueue``."""
+    p = subparsers.add_parser(
+        "enqueue",
+        help="enqueue every line of a JSONL file as a job",
+        description="Each line is an OpenAI Batch line {custom_id, method, url, body} or a plain "
+        '{"prompt": ...} / {"messages": [...]} line with sampling fields. Invalid lines are '
+        "reported on stderr and not enqueued (exit status 1). Prints one job id per line.",
+    )
+    p.add_argument("input", help="JSONL file ('-' for stdin)")
+    p.add_argument("--class", dest="queue_class", choices=("batch", "interactive"), default="batch")
+    p.add_argument("--tenant", default="default")
+    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--batch-id", default=None, help="attach the jobs to this batch id")
+    p.add_argument("--redis-url", default=None, help="overrides REDIS_URL")
+    p.add_argument("--database-url", default=None, help="overrides DATABASE_URL")
+    p.add_argument("--prefix", default="inflight", help="Redis key prefix")
+    p.set_defaults(func=run)
+
+
+def _lines(stream: TextIO) -> Iterator[tuple[int, str]]:
+    for i, line in enumerate(stream, start=1):
+        if line.strip():
+            yield i, line
+
+
+def run(args: argparse.Namespace) -> int:
+    """Enqueue the file; 0 if every line was enqueued, 1 if some were invalid."""
+    from worker.protocol.openai_batch import RequestParseError, parse_request_line
+    from worker.queue.connection import make_redis, redis_url
+    from worker.queue.keys import QueueKeys
+    from worker.queue.producer import enqueue
+    from worker.store.db import database_url, make_engine, make_session_factory
+    from worker.store.schemas import NewJob
+
+    db = make_engine(url=database_url(args.database_url))
+    session_factory = make_session_factory(engine=db)
+    client = make_redis(url=redis_url(args.redis_url))
+    keys = QueueKeys(prefix=args.prefix)
+    bad = 0
+    total = 0
+    pending: list[NewJob] = []
+
+    def flush() -> None:
+        nonlocal total
+        if pending:
+            ids = enqueue(
+                session_factory=session_factory, redis_client=client, keys=keys, jobs=pending
+            )
+            sys.stdout.write("".join(f"{i}\n" for i in ids))
+            total += len(ids)
+            pending.clear()
+
+    stream = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")  # noqa: SIM115
+    try:
+        for number, line in _lines(stream):
+            try:
+                req = parse_request_line(line, line_number=number)
+            except RequestParseError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                bad += 1
+                continue
+            pending.append(
+                NewJob(
+                    request={"url": req.endpoint, "body": req.body},
+                    tenant=args.tenant,
+                    queue_class=args.queue_class,
+                    priority=args.priority,
+                    custom_id=req.custom_id,
+                    batch_id=args.batch_id,
+                )
+            )
+            if len(pending) >= CHUNK:
+                flush()
+        flush()
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+        client.close()
+        db.dispose()
+    print(
+        f"enqueued {total} jobs" + (f", {bad} invalid lines skipped" if bad else ""),
+        file=sys.stderr,
+    )
+    return 1 if bad else 0

@@ -1,0 +1,114 @@
+"""``inflight worker``: run a long-lived worker (Redis in, SQL out) until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``worker``."""
+    p = subparsers.add_parser(
+        "worker",
+        help="run a worker: pull jobs from Redis, generate, write results to SQL",
+        description="SIGTERM/SIGINT drains (stop reading, finish in-flight work up to "
+        "--drain-timeout, hand the rest back, exit 0); a second signal stops at once.",
+    )
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument(
+        "--redis-url", default=None, help="overrides REDIS_URL (default redis://127.0.0.1:6379/0)"
+    )
+    p.add_argument(
+        "--database-url",
+        default=None,
+        help="overrides DATABASE_URL (default sqlite:///inflight.db)",
+    )
+    p.add_argument(
+        "--name", default=None, help="consumer name, stable across restarts (default: host name)"
+    )
+    p.add_argument("--prefix", default="inflight", help="Redis key prefix")
+    p.add_argument("--migrate", action="store_true", help="run the migrations before starting")
+    g = p.add_argument_group("engine")
+    g.add_argument("--max-num-seqs", type=int)
+    g.add_argument("--max-num-batched-tokens", type=int)
+    g.add_argument("--num-kv-blocks", type=int)
+    g.add_argument("--kv-cache-memory", type=int)
+    g.add_argument("--max-model-len", type=int)
+    g.add_argument("--block-size", type=int)
+    g.add_argument("--policy")
+    g.add_argument("--device")
+    g.add_argument("--dtype")
+    g.add_argument("--enable-prefix-caching", action="store_true", default=None)
+    g.add_argument("--num-threads", type=int)
+    q = p.add_argument_group("queue")
+    q.add_argument("--prefetch", type=int, default=4, help="jobs read ahead of engine capacity")
+    q.add_argument(
+        "--max-deliveries", type=int, default=3, help="dead-letter after this many deliveries"
+    )
+    q.add_argument(
+        "--claim-idle-ms", type=int, default=60_000, help="take over entries idle this long"
+    )
+    q.add_argument("--claim-interval", type=float, default=5.0)
+    q.add_argument("--heartbeat-interval", type=float, default=2.0)
+    q.add_argument("--lock-ttl", type=float, default=15.0)
+    q.add_argument("--reconcile-interval", type=float, default=30.0)
+    q.add_argument("--reconcile-grace", type=float, default=30.0)
+    q.add_argument("--worker-timeout", type=float, default=30.0)
+    q.add_argument("--trim-interval", type=float, default=30.0)
+    q.add_argument("--drain-timeout", type=float, default=30.0)
+    q.add_argument("--no-traces", action="store_true", help="do not write the iterations table")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=run)
+
+
+ENGINE_FLAGS = (
+    "max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "kv_cache_memory", "max_model_len",
+    "block_size", "policy", "device", "dtype", "enable_prefix_caching", "num_threads",
+)  # fmt: skip
+
+
+def config_from_args(args: argparse.Namespace):
+    """The WorkerConfig these flags (and REDIS_URL / DATABASE_URL) describe."""
+    from worker.queue.connection import redis_url
+    from worker.service.config import WorkerConfig
+    from worker.store.db import database_url
+
+    engine_kwargs = {
+        k: getattr(args, k) for k in ENGINE_FLAGS if getattr(args, k, None) is not None
+    }
+    return WorkerConfig(
+        database_url=database_url(args.database_url),
+        redis_url=redis_url(args.redis_url),
+        model=args.model,
+        engine_kwargs=engine_kwargs,
+        name=args.name,
+        prefix=args.prefix,
+        prefetch=args.prefetch,
+        max_deliveries=args.max_deliveries,
+        claim_idle_ms=args.claim_idle_ms,
+        claim_interval=args.claim_interval,
+        heartbeat_interval=args.heartbeat_interval,
+        lock_ttl=args.lock_ttl,
+        reconcile_interval=args.reconcile_interval,
+        reconcile_grace=args.reconcile_grace,
+        worker_timeout=args.worker_timeout,
+        trim_interval=args.trim_interval,
+        drain_timeout=args.drain_timeout,
+        write_traces=not args.no_traces,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the worker until it is drained; its exit code."""
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    config = config_from_args(args)
+    if args.migrate:
+        from worker.store.migrate import upgrade
+
+        upgrade(url=config.database_url)
+    from worker.service.worker import Worker
+
+    return Worker(config).run()

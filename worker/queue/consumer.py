@@ -1,0 +1,178 @@
+"""Consumer side: read new entries (interactive first), replay own pending, ack, keep alive."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
+
+import redis
+
+from worker.queue.delivery import Delivery
+from worker.queue.group import ensure_groups, is_nogroup
+from worker.queue.keys import QueueKeys
+from worker.queue.message import JobMessage, MessageError
+
+
+def to_delivery(
+    stream: str, entry_id: str, fields: dict[str, str] | None, deliveries: int = 1
+) -> Delivery:
+    """Decode one raw entry into a Delivery (undecodable entries carry ``error``)."""
+    fields = fields or {}
+    try:
+        return Delivery(stream, entry_id, fields, JobMessage.decode(fields), deliveries)
+    except MessageError as exc:
+        return Delivery(stream, entry_id, fields, None, deliveries, error=str(exc))
+
+
+def _xreadgroup(
+    redis_client: redis.Redis,
+    keys: QueueKeys,
+    consumer: str,
+    streams: dict[str, str],
+    count: int,
+    block: int | None,
+) -> list[Delivery]:
+    try:
+        reply: Any = cast(Any, redis_client).xreadgroup(
+            keys.group, consumer, streams, count=count, block=block
+        )
+    except redis.ResponseError as exc:
+        if not is_nogroup(exc):
+            raise
+        ensure_groups(redis_client=redis_client, keys=keys)
+        reply = cast(Any, redis_client).xreadgroup(
+            keys.group, consumer, streams, count=count, block=block
+        )
+    out: list[Delivery] = []
+    for stream, entries in reply or []:
+        for entry_id, fields in entries:
+            out.append(to_delivery(stream, entry_id, fields))
+    return out
+
+
+def read_new(
+    *,
+    redis_client: redis.Redis,
+    keys: QueueKeys,
+    consumer: str,
+    count: int,
+    block_ms: int | None = None,
+) -> list[Delivery]:
+    """Read at most ``count`` never-delivered entries, interactive before batch.
+
+    Without ``block_ms`` it never waits. With it, and nothing available at once, it waits up
+    to ``block_ms`` for the first entry of any class (then returns at most one per class).
+    """
+    if count <= 0:
+        return []
+    out: list[Delivery] = []
+    for stream in keys.streams:
+        want = count - len(out)
+        if want <= 0:
+            break
+        out += _xreadgroup(redis_client, keys, consumer, {stream: ">"}, want, None)
+    if out or not block_ms:
+        return out
+    return _xreadgroup(redis_client, keys, consumer, {s: ">" for s in keys.streams}, 1, block_ms)
+
+
+def own_pending(
+    *, redis_client: redis.Redis, keys: QueueKeys, consumer: str, page: int = 1000
+) -> list[tuple[str, str, int]]:
+    """``(stream, entry_id, deliveries so far)`` of every entry pending for ``consumer``,
+    interactive first, oldest first. Listing does not count as a delivery."""
+    out: list[tuple[str, str, int]] = []
+    for stream in keys.streams:
+        start = "-"
+        while True:
+            try:
+                rows = cast(Any, redis_client).xpending_range(
+                    stream, keys.group, min=start, max="+", count=page, consumername=consumer
+                )
+            except redis.ResponseError as exc:
+                if not is_nogroup(exc):
+                    raise
+                ensure_groups(redis_client=redis_client, keys=keys)
+                break
+            out += [(stream, r["message_id"], int(r["times_delivered"])) for r in rows]
+            if len(rows) < page:
+                break
+            start = "(" + rows[-1]["message_id"]
+    return out
+
+
+def redeliver(
+    *, redis_client: redis.Redis, keys: QueueKeys, consumer: str, entries: Sequence[tuple[str, str]]
+) -> list[Delivery]:
+    """Deliver again entries ``consumer`` already owns (XCLAIM counts a delivery), with
+    their delivery counts. Entries deleted from the stream leave the pending list."""
+    out: list[Delivery] = []
+    by_stream: dict[str, list[str]] = {}
+    for stream, entry_id in entries:
+        by_stream.setdefault(stream, []).append(entry_id)
+    for stream, ids in by_stream.items():
+        for entry_id, fields in cast(Any, redis_client).xclaim(
+            stream, keys.group, consumer, 0, ids
+        ):
+            out.append(to_delivery(stream, entry_id, fields))
+    _fill_delivery_counts(redis_client, keys, consumer, [d for d in out])
+    return out
+
+
+def _fill_delivery_counts(
+    redis_client: redis.Redis, keys: QueueKeys, consumer: str, deliveries: list[Delivery]
+) -> None:
+    by_stream: dict[str, list[Delivery]] = {}
+    for d in deliveries:
+        by_stream.setdefault(d.stream, []).append(d)
+    for stream, items in by_stream.items():
+        wanted = {d.entry_id: d for d in items}
+        lo = min(items, key=lambda d: _id_key(d.entry_id)).entry_id
+        hi = max(items, key=lambda d: _id_key(d.entry_id)).entry_id
+        start = lo
+        while True:
+            rows = cast(Any, redis_client).xpending_range(
+                stream, keys.group, min=start, max=hi, count=1000, consumername=consumer
+            )
+            for row in rows:
+                found = wanted.get(row["message_id"])
+                if found is not None:
+                    found.deliveries = int(row["times_delivered"])
+            if len(rows) < 1000:
+                break
+            start = "(" + rows[-1]["message_id"]
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def ack(*, redis_client: redis.Redis, keys: QueueKeys, entries: Iterable[tuple[str, str]]) -> int:
+    """XACK ``(stream, entry_id)`` pairs in one pipeline; returns how many were pending."""
+    by_stream: dict[str, list[str]] = {}
+    for stream, entry_id in entries:
+        by_stream.setdefault(stream, []).append(entry_id)
+    if not by_stream:
+        return 0
+    pipe = redis_client.pipeline(transaction=False)
+    for stream, ids in by_stream.items():
+        pipe.xack(stream, keys.group, *ids)
+    return sum(int(n) for n in pipe.execute(raise_on_error=False) if isinstance(n, int))
+
+
+def touch(
+    *, redis_client: redis.Redis, keys: QueueKeys, consumer: str, entries: Sequence[tuple[str, str]]
+) -> None:
+    """Reset the idle time of entries this consumer is still working on (XCLAIM JUSTID does
+    not count a delivery), so no other worker takes them over as stale."""
+    by_stream: dict[str, list[str]] = {}
+    for stream, entry_id in entries:
+        by_stream.setdefault(stream, []).append(entry_id)
+    if not by_stream:
+        return
+    pipe = redis_client.pipeline(transaction=False)
+    for stream, ids in by_stream.items():
+        for i in range(0, len(ids), 500):
+            pipe.xclaim(stream, keys.group, consumer, 0, list[Any](ids[i : i + 500]), justid=True)
+    pipe.execute(raise_on_error=False)

@@ -1,0 +1,62 @@
+"""The stream message schema (versioned): what one entry of a job stream carries."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class MessageError(ValueError):
+    """An entry that is not a job message this code understands."""
+
+
+@dataclass
+class JobMessage:
+    """A job on its way to a worker. ``body`` is the stored request (``{"url", "body"}``);
+    ``attempt`` counts how often it was (re-)published; ``traceparent`` is W3C trace context."""
+
+    job_id: str
+    body: dict[str, Any]
+    tenant: str = "default"
+    priority: int = 0
+    attempt: int = 0
+    traceparent: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def encode(self) -> dict[str, str]:
+        """Flat string fields for XADD."""
+        return {
+            "v": str(SCHEMA_VERSION),
+            "job_id": self.job_id,
+            "tenant": self.tenant,
+            "priority": str(self.priority),
+            "attempt": str(self.attempt),
+            "traceparent": self.traceparent or "",
+            "body": json.dumps(self.body, separators=(",", ":")),
+        }
+
+    @classmethod
+    def decode(cls, fields: dict[str, str]) -> JobMessage:
+        """Parse stream fields; raises MessageError on an unknown version or missing field."""
+        if not fields:
+            raise MessageError("empty entry (deleted from the stream)")
+        version = fields.get("v")
+        if version != str(SCHEMA_VERSION):
+            raise MessageError(
+                f"message schema version {version!r}; this worker reads {SCHEMA_VERSION}"
+            )
+        try:
+            body = json.loads(fields["body"])
+            return cls(
+                job_id=fields["job_id"],
+                body=body,
+                tenant=fields.get("tenant") or "default",
+                priority=int(fields.get("priority") or 0),
+                attempt=int(fields.get("attempt") or 0),
+                traceparent=fields.get("traceparent") or None,
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            raise MessageError(f"bad job message: {exc!r}") from None

@@ -1,0 +1,34 @@
+"""Worker configuration: one dataclass, filled from flags and environment by the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class WorkerConfig:
+    """Everything that shapes one worker process (times in seconds unless named _ms)."""
+
+    database_url: str
+    redis_url: str
+    model: str = "smollm2-135m"
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    name: str | None = None  # consumer name; None: the host name (first free of host, host-1, ...)
+    prefix: str = "inflight"  # Redis key prefix
+    group: str = "workers"
+    prefetch: int = 4  # jobs read beyond what the engine can admit now, so slots never idle
+    max_deliveries: int = 3  # past this many deliveries a job is dead-lettered
+    claim_idle_ms: int = 60_000  # entries idle this long belong to a dead worker
+    claim_interval: float = 5.0
+    heartbeat_interval: float = 2.0
+    lock_ttl: float = 15.0  # consumer-name lock; a kill -9 frees the name after this long
+    reconcile_interval: float = 30.0
+    reconcile_grace: float = 30.0  # jobs queued more recently than this are left to the producer
+    worker_timeout: float = 30.0  # a worker silent this long is dead (for the reconciler)
+    trim_interval: float = 30.0
+    cancel_poll_interval: float = 0.2
+    flush_interval: float = 0.005  # the writer commits at most this often (one transaction)
+    drain_timeout: float = 30.0  # SIGTERM: finish in-flight work for at most this long
+    write_traces: bool = True
+    max_unwritten: int = 10_000  # stop reading while this many results wait for the store

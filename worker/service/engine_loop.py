@@ -1,0 +1,334 @@
+"""The engine loop (main thread): admit, step, hand results to the writer, apply
+cancellations between steps, drain on SIGTERM.
+
+A job that fails validation or tokenization fails alone. If ``engine.step()`` raises, every
+job that was in the engine is aborted and re-run one at a time, so only the job that makes
+the step fail is failed (with the error) and the others go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from worker.protocol.sampling_params import InvalidRequestError, SamplingParams
+from worker.service.config import WorkerConfig
+from worker.service.flags import Flags
+from worker.service.inflight import HeldJob
+from worker.service.prepare import prepare
+from worker.service.writer import Finished, OutputWriter, Release
+from worker.store.base import from_epoch, utcnow
+from worker.store.schemas import JobResult
+
+log = logging.getLogger(__name__)
+
+
+class EngineAPI(Protocol):
+    """What the loop needs of an engine (``worker.engine.LLMEngine`` or a test double)."""
+
+    def tokenize(
+        self, prompt: str | None = None, messages: list[dict] | None = None
+    ) -> list[int]: ...
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        *,
+        prompt: str | None = None,
+        priority: int = 0,
+        tenant: str | None = None,
+        arrival_time: float | None = None,
+    ) -> None: ...
+    def abort_request(self, request_id: str) -> None: ...
+    def step(self) -> tuple[list[Any], Any]: ...
+    def has_unfinished_requests(self) -> bool: ...
+    def admission_capacity(self) -> int: ...
+
+
+def _clean(text: str | None) -> str | None:
+    # PostgreSQL text cannot hold NUL; a random model can emit it
+    return text.replace("\x00", "\ufffd") if text else text
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, InvalidRequestError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+class EngineLoop:
+    """Owns the engine; only this thread touches it."""
+
+    def __init__(
+        self,
+        *,
+        engine: EngineAPI,
+        config: WorkerConfig,
+        writer: OutputWriter,
+        flags: Flags,
+        buffer: deque[HeldJob],
+        work_ready: threading.Event,
+        want_changed: threading.Event,
+        worker_id: str,
+        on_drain: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.engine = engine
+        self.config = config
+        self.writer = writer
+        self.flags = flags
+        self.buffer = buffer
+        self.work_ready = work_ready
+        self.want_changed = want_changed
+        self.worker_id = worker_id
+        self.on_drain = on_drain
+        self.lock = threading.Lock()
+        self._capacity = 0
+        self._cancel_requests: set[str] = set()
+        self.active: dict[str, HeldJob] = {}
+        self.cancelling: set[str] = set()
+        self.isolate: deque[HeldJob] = deque()
+        self.isolated_active: str | None = None
+        self.steps = 0
+        self.finished = 0
+        self.failed = 0
+        self.tokens = 0
+        self._drain_deadline: float | None = None
+        self._idle_step_errors = 0
+
+    # -- called from other threads -------------------------------------------------------
+    def want(self) -> int:
+        """How many more jobs the intake should read now (no hoarding: what the engine can
+        admit, plus a small prefetch, minus what is already buffered)."""
+        with self.lock:
+            if self.isolate or self.isolated_active is not None:
+                return 0
+            return self._capacity + self.config.prefetch - len(self.buffer)
+
+    def add_isolated(self, held: list[HeldJob]) -> None:
+        """Queue suspect jobs (redelivered after a crash) to run alone, one at a time."""
+        with self.lock:
+            self.isolate.extend(held)
+        self.work_ready.set()
+
+    def isolation_busy(self) -> bool:
+        """True while a suspect waits or runs alone."""
+        return bool(self.isolate) or self.isolated_active is not None
+
+    def request_cancel(self, job_ids: set[str]) -> None:
+        """Ask for these jobs to be aborted between steps."""
+        with self.lock:
+            self._cancel_requests |= job_ids
+        self.work_ready.set()
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self) -> None:
+        """Loop until drained (SIGTERM) or told to stop at once."""
+        self._publish_capacity()
+        while not self.flags.stop_now.is_set():
+            self._apply_cancels()
+            if self.flags.draining.is_set():
+                if self._drain_step():
+                    return
+            elif self.isolate or self.isolated_active is not None:
+                self._admit_isolated()
+            else:
+                self._admit()
+            if self.engine.has_unfinished_requests():
+                self._step()
+            else:
+                self.work_ready.wait(0.05)
+                self.work_ready.clear()
+            self._publish_capacity()
+
+    def _publish_capacity(self) -> None:
+        with self.lock:
+            cap = (
+                0
+                if self.flags.draining.is_set() or self.isolate
+                else self.engine.admission_capacity()
+            )
+            self._capacity = cap
+        if cap > 0 or self.buffer:
+            self.want_changed.set()
+
+    def _admit(self) -> None:
+        if not self.buffer:
+            return
+        with self.lock:
+            n = min(self.engine.admission_capacity(), len(self.buffer))
+            taken = [self.buffer.popleft() for _ in range(n)]
+            for held in taken:
+                self._add(held)
+            self._capacity = self.engine.admission_capacity()
+
+    def _admit_isolated(self) -> None:
+        if self.isolated_active is not None and self.isolated_active not in self.active:
+            self.isolated_active = None
+        if (
+            self.isolated_active is not None
+            or self.engine.has_unfinished_requests()
+            or not self.isolate
+        ):
+            return
+        with self.lock:
+            held = self.isolate.popleft()
+        log.info("running suspect job %s alone", held.job_id)
+        self._add(held)
+        if held.job_id in self.active:
+            self.isolated_active = held.job_id
+
+    def _add(self, held: HeldJob) -> None:
+        msg = held.delivery.message
+        assert msg is not None
+        try:
+            prep = prepare(engine=self.engine, stored=msg.body)
+            self.engine.add_request(
+                held.job_id,
+                prep.prompt_token_ids,
+                prep.params,
+                prompt=prep.prompt,
+                priority=msg.priority,
+                tenant=msg.tenant,
+            )
+        except Exception as exc:
+            self._fail(held, _error_text(exc))
+            return
+        self.active[held.job_id] = held
+
+    def _fail(self, held: HeldJob, error: str) -> None:
+        self.failed += 1
+        self.writer.put(Finished(JobResult(job_id=held.job_id, status="failed", error=error), held))
+
+    def _apply_cancels(self) -> None:
+        with self.lock:
+            if not self._cancel_requests:
+                return
+            ids, self._cancel_requests = self._cancel_requests, set()
+            waiting = [h for h in self.buffer if h.job_id in ids]
+            for h in waiting:
+                self.buffer.remove(h)
+        for h in waiting:
+            self.writer.put(
+                Finished(JobResult(job_id=h.job_id, status="cancelled", finish_reason="abort"), h)
+            )
+        for job_id in ids:
+            if job_id in self.active and job_id not in self.cancelling:
+                self.cancelling.add(job_id)
+                self.engine.abort_request(job_id)
+
+    def _step(self) -> None:
+        try:
+            outputs, stats = self.engine.step()
+        except Exception as exc:
+            self._on_step_error(exc)
+            return
+        self._idle_step_errors = 0
+        self.steps += 1
+        for out in outputs:
+            if out.finished:
+                self._finish(out)
+        if self.config.write_traces:
+            self.writer.put(self._trace_row(stats))
+
+    def _finish(self, out: Any) -> None:
+        held = self.active.pop(out.request_id, None)
+        if held is None:
+            return  # aborted for isolation or drain; handled elsewhere
+        m = out.metrics
+        if out.request_id in self.cancelling:
+            self.cancelling.discard(out.request_id)
+            status = "cancelled"
+        elif getattr(out, "error", None):
+            status = "failed"
+        elif out.finish_reason == "abort":
+            status = "cancelled"
+        else:
+            status = "succeeded"
+        self.finished += 1
+        self.tokens += len(out.token_ids)
+        self.writer.put(
+            Finished(
+                JobResult(
+                    job_id=held.job_id,
+                    status=status,
+                    text=_clean(out.text),
+                    finish_reason=out.finish_reason,
+                    prompt_tokens=len(out.prompt_token_ids),
+                    completion_tokens=len(out.token_ids),
+                    error=getattr(out, "error", None),
+                    started_at=from_epoch(getattr(m, "first_scheduled_time", None)),
+                    first_token_at=from_epoch(m.first_token_time),
+                    finished_at=from_epoch(m.finished_time) or utcnow(),
+                    first_step=m.first_step,
+                    last_step=m.last_step,
+                ),
+                held,
+            )
+        )
+
+    def _trace_row(self, s: Any) -> dict[str, Any]:
+        return {
+            "worker_id": self.worker_id,
+            "step": s.step,
+            "time": from_epoch(s.start_time or time.time()),
+            "num_running": s.num_running,
+            "num_waiting": s.num_waiting,
+            "num_prefill_tokens": s.num_prefill_tokens,
+            "num_decode_tokens": s.num_decode_tokens,
+            "kv_blocks_used": s.kv_blocks_used,
+            "kv_blocks_total": s.kv_blocks_total,
+            "num_preemptions": s.num_preemptions,
+            "num_admitted": s.num_admitted,
+            "num_finished": s.num_finished,
+            "schedule_ms": s.schedule_seconds * 1000.0,
+            "forward_ms": s.forward_seconds * 1000.0,
+            "sample_ms": s.sample_seconds * 1000.0,
+        }
+
+    def _on_step_error(self, exc: Exception) -> None:
+        suspects = list(self.active.values())
+        log.error("engine step failed with %d jobs in it: %s", len(suspects), _error_text(exc))
+        if not suspects:
+            self._idle_step_errors += 1
+            if self._idle_step_errors >= 3:
+                raise RuntimeError("the engine keeps failing with no job in it") from exc
+            return
+        self.active.clear()
+        for h in suspects:
+            self.engine.abort_request(h.job_id)
+            self.cancelling.discard(h.job_id)
+        if len(suspects) == 1:
+            self._fail(suspects[0], f"the engine failed on this job: {_error_text(exc)}")
+            return
+        self.isolate.extendleft(reversed(suspects))
+
+    def _drain_step(self) -> bool:
+        """One drain iteration; True when the loop should end."""
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + self.config.drain_timeout
+            log.info("draining: intake stopped, finishing %d running jobs", len(self.active))
+            self.on_drain()
+            with self.lock:
+                left = list(self.buffer) + list(self.isolate)
+                self.buffer.clear()
+                self.isolate.clear()
+                self.isolated_active = None
+            if left:
+                self.writer.put(Release(left))
+        if not self.active and not self.engine.has_unfinished_requests():
+            return True
+        if time.monotonic() >= self._drain_deadline:
+            left = list(self.active.values())
+            log.warning("drain deadline reached; handing back %d unfinished jobs", len(left))
+            for h in left:
+                self.engine.abort_request(h.job_id)
+            self.active.clear()
+            if left:
+                self.writer.put(Release(left))
+            return True
+        return False

@@ -1,0 +1,61 @@
+"""Registry of the jobs this worker holds (read from Redis, not yet acked)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from worker.queue.delivery import Delivery
+
+
+@dataclass
+class HeldJob:
+    """A job between its delivery and its ack."""
+
+    job_id: str
+    stream: str
+    entry_id: str
+    delivery: Delivery
+    received: float = field(default_factory=time.time)
+
+
+class Registry:
+    """Thread-safe map job id -> HeldJob (intake adds, writer removes after the ack)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[str, HeldJob] = {}
+
+    def add(self, job: HeldJob) -> bool:
+        """Hold ``job``; False if this job id is already held (a duplicate delivery)."""
+        with self._lock:
+            if job.job_id in self._jobs:
+                return False
+            self._jobs[job.job_id] = job
+            return True
+
+    def get(self, job_id: str) -> HeldJob | None:
+        """The held job with this id."""
+        with self._lock:
+            return self._jobs.get(job_id)
+
+    def remove(self, job_ids: list[str]) -> None:
+        """Forget jobs that were acked or let go."""
+        with self._lock:
+            for j in job_ids:
+                self._jobs.pop(j, None)
+
+    def entries(self) -> list[tuple[str, str]]:
+        """(stream, entry id) of every held job."""
+        with self._lock:
+            return [(j.stream, j.entry_id) for j in self._jobs.values()]
+
+    def job_ids(self) -> list[str]:
+        """Ids of every held job."""
+        with self._lock:
+            return list(self._jobs)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._jobs)

@@ -1,0 +1,249 @@
+"""Intake: pulls from Redis only what the engine can admit soon, interactive first.
+
+On start it first replays this consumer's own pending entries; every ``claim_interval`` it
+takes over entries left idle by dead workers (and replays those the same way). Entries delivered too often are dead-lettered;
+redelivered jobs that already ended are acked and skipped; the rest are marked running in
+SQL and handed to the engine loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+import redis
+from sqlalchemy.orm import Session, sessionmaker
+
+from worker.queue.claim import take_over_stale
+from worker.queue.consumer import own_pending, read_new, redeliver, touch
+from worker.queue.dead_letter import dead_letter, over_limit
+from worker.queue.delivery import Delivery
+from worker.queue.keys import QueueKeys
+from worker.service.config import WorkerConfig
+from worker.service.flags import Flags
+from worker.service.inflight import HeldJob, Registry
+from worker.service.retry import retry
+from worker.service.writer import AckOnly, OutputWriter
+from worker.store.crud.jobs import start_jobs
+
+log = logging.getLogger(__name__)
+
+
+class Intake:
+    """The intake thread. The engine loop publishes how many jobs it wants through
+    ``want_fn``; intake appends HeldJobs to ``buffer`` and sets ``work_ready``."""
+
+    def __init__(
+        self,
+        *,
+        config: WorkerConfig,
+        session_factory: sessionmaker[Session],
+        redis_client: redis.Redis,
+        keys: QueueKeys,
+        consumer: str,
+        worker_id: str,
+        registry: Registry,
+        writer: OutputWriter,
+        flags: Flags,
+        buffer: deque[HeldJob],
+        want_fn: Callable[[], int],
+        work_ready: threading.Event,
+        want_changed: threading.Event,
+        isolate_fn: Callable[[list[HeldJob]], None],
+        isolation_busy: Callable[[], bool],
+    ) -> None:
+        self.config = config
+        self.session_factory = session_factory
+        self.redis = redis_client
+        self.keys = keys
+        self.consumer = consumer
+        self.worker_id = worker_id
+        self.registry = registry
+        self.writer = writer
+        self.flags = flags
+        self.buffer = buffer
+        self.want_fn = want_fn
+        self.work_ready = work_ready
+        self.want_changed = want_changed
+        self.isolate_fn = isolate_fn
+        self.isolation_busy = isolation_busy
+        self.received = 0
+        self.skipped = 0
+        self.dead_lettered = 0
+        self.replayed = 0
+        self.claimed = 0
+        self.replay_done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="intake", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread to end (it ends once draining is requested)."""
+        self._thread.join(timeout)
+
+    def _stopped(self) -> bool:
+        return self.flags.draining.is_set()
+
+    def _run(self) -> None:
+        c = self.config
+        backlog_due: float | None = time.monotonic()  # first: this consumer's own pending
+        next_claim = time.monotonic() + c.claim_interval / 2
+        while not self._stopped():
+            try:
+                want = self.want_fn()
+                if self.writer.unwritten > c.max_unwritten:
+                    want = 0
+                now = time.monotonic()
+                if want > 0 and now >= next_claim:
+                    next_claim = now + c.claim_interval
+                    taken = take_over_stale(
+                        redis_client=self.redis,
+                        keys=self.keys,
+                        consumer=self.consumer,
+                        min_idle_ms=c.claim_idle_ms,
+                        count=want,
+                    )
+                    if taken:
+                        self.claimed += len(taken)
+                        log.info("took over %d entries left idle by a dead worker", len(taken))
+                        backlog_due = now
+                if backlog_due is not None and now >= backlog_due:
+                    backlog_due = self._work_backlog(want)
+                    if backlog_due is None:
+                        self.replay_done.set()
+                    continue
+                if want <= 0:
+                    self.want_changed.wait(0.05)
+                    self.want_changed.clear()
+                    continue
+                got = read_new(
+                    redis_client=self.redis,
+                    keys=self.keys,
+                    consumer=self.consumer,
+                    count=want,
+                    block_ms=100,
+                )
+                if got:
+                    self.accept(got)
+            except Exception as exc:
+                if self._stopped():
+                    break
+                log.warning("intake error (%s: %s); retrying", type(exc).__name__, exc)
+                self.flags.draining.wait(0.5)
+        self.replay_done.set()
+
+    def _work_backlog(self, want: int) -> float | None:
+        """Redeliver entries this consumer owns but does not hold (left by its previous
+        process, or taken over from a dead worker). Entries delivered at most once go in
+        batches as room allows; those delivered more often are suspects and are
+        redelivered one at a time, each run alone. Returns when to look again (None: the
+        backlog is empty)."""
+        held = {(s, e) for s, e in self.registry.entries()}
+        pending = [
+            p
+            for p in own_pending(redis_client=self.redis, keys=self.keys, consumer=self.consumer)
+            if (p[0], p[1]) not in held
+        ]
+        if not pending:
+            return None
+        fresh = [(s, e) for s, e, n in pending if n <= 1]
+        suspects = [(s, e) for s, e, n in pending if n > 1]
+        if fresh and want > 0:
+            got = redeliver(
+                redis_client=self.redis,
+                keys=self.keys,
+                consumer=self.consumer,
+                entries=fresh[:want],
+            )
+            self.replayed += len(got)
+            self.accept(got)
+            return time.monotonic()
+        if suspects and not fresh and self.isolation_busy() is False:
+            got = redeliver(
+                redis_client=self.redis,
+                keys=self.keys,
+                consumer=self.consumer,
+                entries=suspects[:1],
+            )
+            self.replayed += len(got)
+            self.accept(got, isolated=True)
+            return time.monotonic()
+        self.touch_backlog(pending)
+        return time.monotonic() + 0.1
+
+    def touch_backlog(self, pending: list[tuple[str, str, int]]) -> None:
+        """Keep owned-but-waiting entries from looking stale to other workers."""
+        touch(
+            redis_client=self.redis,
+            keys=self.keys,
+            consumer=self.consumer,
+            entries=[(s, e) for s, e, _ in pending],
+        )
+
+    def accept(self, deliveries: list[Delivery], *, isolated: bool = False) -> None:
+        """Dead-letter, skip or hold what was delivered (one SQL round trip for the lot)."""
+        if not deliveries:
+            return
+        self.received += len(deliveries)
+        dead = [
+            d
+            for d in deliveries
+            if d.message is None or over_limit(d, max_deliveries=self.config.max_deliveries)
+        ]
+        dead_ids = {id(d) for d in dead}
+        if dead:
+            for reason, group in (
+                ("unreadable message", [d for d in dead if d.message is None]),
+                (
+                    f"delivered more than {self.config.max_deliveries} times without a result "
+                    "(it crashed or stalled its worker each time)",
+                    [d for d in dead if d.message is not None],
+                ),
+            ):
+                if group:
+                    retry(
+                        functools.partial(
+                            dead_letter,
+                            redis_client=self.redis,
+                            session_factory=self.session_factory,
+                            keys=self.keys,
+                            deliveries=group,
+                            reason=reason,
+                        ),
+                        what="dead-letter",
+                        stop=self.flags.draining,
+                    )
+            self.dead_lettered += len(dead)
+        live = [d for d in deliveries if id(d) not in dead_ids]
+        duplicates = [d for d in live if self.registry.get(d.job_id or "") is not None]
+        dup_ids = {id(d) for d in duplicates}
+        live = [d for d in live if id(d) not in dup_ids]
+        ids = list(dict.fromkeys(d.job_id for d in live if d.job_id))
+        allowed: set[str] = set()
+        if ids:
+            allowed = retry(lambda: self._start(ids), what="mark running", stop=self.flags.draining)
+        skip = [d for d in live if d.job_id not in allowed] + duplicates
+        held: list[HeldJob] = []
+        for d in live:
+            if d.job_id in allowed:
+                h = HeldJob(job_id=d.job_id or "", stream=d.stream, entry_id=d.entry_id, delivery=d)
+                if self.registry.add(h):
+                    held.append(h)
+                else:
+                    skip.append(d)
+        if skip:
+            self.skipped += len(skip)
+            self.writer.put(AckOnly([(d.stream, d.entry_id) for d in skip]))
+        if held:
+            (self.isolate_fn if isolated else self.buffer.extend)(held)
+            self.work_ready.set()
+
+    def _start(self, ids: list[str]) -> set[str]:
+        with self.session_factory.begin() as session:
+            return start_jobs(session=session, job_ids=ids, worker_id=self.worker_id)

@@ -1,0 +1,62 @@
+"""Retry with backoff for writes to a store that may be briefly unreachable."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import redis
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+TRANSIENT = (
+    OperationalError,
+    redis.ConnectionError,
+    redis.TimeoutError,
+    ConnectionError,
+    TimeoutError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Connection-level failures (the server is away), as opposed to bad data."""
+    if isinstance(exc, TRANSIENT):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+def retry(
+    fn: Callable[[], T],
+    *,
+    what: str,
+    stop: threading.Event | None = None,
+    first_delay: float = 0.05,
+    max_delay: float = 2.0,
+) -> T:
+    """Call ``fn`` until it succeeds, backing off on transient errors; other errors are
+    raised at once. If ``stop`` gets set while waiting, the last error is raised."""
+    delay = first_delay
+    failures = 0
+    while True:
+        try:
+            result = fn()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            failures += 1
+            if failures == 1 or failures % 20 == 0:
+                log.warning("%s failed (%s); retrying", what, type(exc).__name__)
+            if stop is not None and stop.wait(delay):
+                raise
+            if stop is None:
+                time.sleep(delay)
+            delay = min(max_delay, delay * 2)
+            continue
+        if failures:
+            log.warning("%s succeeded after %d retries", what, failures)
+        return result

@@ -1,0 +1,204 @@
+"""The worker process: wires intake, engine loop, output writer and maintenance together."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from worker.queue.connection import make_redis
+from worker.queue.group import ensure_groups
+from worker.queue.keys import QueueKeys
+from worker.service.config import WorkerConfig
+from worker.service.engine_loop import EngineAPI, EngineLoop
+from worker.service.flags import Flags
+from worker.service.inflight import HeldJob, Registry
+from worker.service.intake import Intake
+from worker.service.maintenance import Maintenance
+from worker.service.naming import acquire_name, release_name
+from worker.service.retry import retry
+from worker.service.writer import OutputWriter
+from worker.store.crud.workers import heartbeat, register_worker
+from worker.store.db import make_engine, make_session_factory
+from worker.store.models import WorkerStatus
+
+log = logging.getLogger(__name__)
+
+
+def default_engine_factory(config: WorkerConfig) -> EngineAPI:
+    """Build the real engine (imports torch; only here, when a worker starts)."""
+    from worker.engine import EngineArgs, LLMEngine
+
+    return LLMEngine(EngineArgs(model=config.model, **config.engine_kwargs))
+
+
+class Worker:
+    """One worker process. ``run()`` returns the exit code: 0 after a clean drain, 1 after
+    a second signal (stop at once)."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        engine_factory: Callable[[WorkerConfig], EngineAPI] | None = None,
+        install_signals: bool = True,
+    ) -> None:
+        self.config = config
+        self.engine_factory = engine_factory or default_engine_factory
+        self.install_signals = install_signals
+        self.flags = Flags()
+        self.stats: dict[str, Any] = {}
+        self.loop: EngineLoop | None = None
+
+    def stop(self) -> None:
+        """Ask the worker to drain (as SIGTERM does)."""
+        self.flags.request_drain()
+
+    def run(self) -> int:
+        """Start everything, run the engine loop on this thread, shut down; exit code."""
+        c = self.config
+        if self.install_signals and threading.current_thread() is threading.main_thread():
+            self.flags.install()
+        t0 = time.monotonic()
+        engine = self.engine_factory(c)
+        log.info("engine %s ready in %.1fs", c.model, time.monotonic() - t0)
+        db = make_engine(url=c.database_url)
+        session_factory = make_session_factory(engine=db)
+        redis_client = make_redis(url=c.redis_url)
+        keys = QueueKeys(prefix=c.prefix, group=c.group)
+        try:
+            consumer, token = acquire_name(
+                redis_client=redis_client,
+                keys=keys,
+                name=c.name,
+                ttl_s=c.lock_ttl,
+                stop=self.flags.draining,
+            )
+        except InterruptedError:
+            return 1 if self.flags.stop_now.is_set() else 0
+        worker_id = f"{consumer}-{uuid.uuid4().hex[:8]}"
+        log.info("worker %s (consumer %s) starting", worker_id, consumer)
+
+        def _register() -> None:
+            with session_factory.begin() as s:
+                register_worker(
+                    session=s,
+                    worker_id=worker_id,
+                    host=socket.gethostname(),
+                    model=c.model,
+                    pid=os.getpid(),
+                )
+
+        retry(_register, what="register worker", stop=self.flags.draining)
+        ensure_groups(redis_client=redis_client, keys=keys)
+
+        registry = Registry()
+        buffer: deque[HeldJob] = deque()
+        work_ready, want_changed = threading.Event(), threading.Event()
+        writer = OutputWriter(
+            session_factory=session_factory,
+            redis_client=redis_client,
+            keys=keys,
+            registry=registry,
+            flags=self.flags,
+            worker_id=worker_id,
+        )
+        intake: Intake | None = None
+        loop = EngineLoop(
+            engine=engine,
+            config=c,
+            writer=writer,
+            flags=self.flags,
+            buffer=buffer,
+            work_ready=work_ready,
+            want_changed=want_changed,
+            worker_id=worker_id,
+            on_drain=lambda: intake.join(10) if intake else None,
+        )
+        self.loop = loop
+        intake = Intake(
+            config=c,
+            session_factory=session_factory,
+            redis_client=redis_client,
+            keys=keys,
+            consumer=consumer,
+            worker_id=worker_id,
+            registry=registry,
+            writer=writer,
+            flags=self.flags,
+            buffer=buffer,
+            want_fn=loop.want,
+            work_ready=work_ready,
+            want_changed=want_changed,
+            isolate_fn=loop.add_isolated,
+            isolation_busy=loop.isolation_busy,
+        )
+
+        def _status() -> str:
+            return (
+                WorkerStatus.DRAINING.value
+                if self.flags.draining.is_set()
+                else WorkerStatus.RUNNING.value
+            )
+
+        maintenance = Maintenance(
+            config=c,
+            session_factory=session_factory,
+            redis_client=redis_client,
+            keys=keys,
+            consumer=consumer,
+            worker_id=worker_id,
+            lock_token=token,
+            registry=registry,
+            flags=self.flags,
+            on_cancel=loop.request_cancel,
+            status_fn=_status,
+        )
+        writer.start()
+        maintenance.start()
+        intake.start()
+        code = 0
+        try:
+            loop.run()
+        except Exception:
+            log.exception("engine loop failed; unfinished jobs stay pending for another worker")
+            code = 2
+        finally:
+            self.flags.request_drain()
+            intake.join(10)
+            if not self.flags.stop_now.is_set() and not writer.close(timeout=c.drain_timeout + 30):
+                log.warning("writer did not finish; unwritten jobs stay pending in Redis")
+            maintenance.close()
+            if self.flags.stop_now.is_set():
+                code = code or 1
+            try:
+                with session_factory.begin() as s:
+                    heartbeat(session=s, worker_id=worker_id, status=WorkerStatus.STOPPED.value)
+                release_name(redis_client=redis_client, keys=keys, name=consumer, token=token)
+            except Exception as exc:
+                log.warning("could not record the stop: %s", exc)
+            self.stats = {
+                "worker_id": worker_id,
+                "consumer": consumer,
+                "received": intake.received,
+                "replayed": intake.replayed,
+                "claimed": intake.claimed,
+                "skipped": intake.skipped,
+                "dead_lettered": intake.dead_lettered,
+                "finished": loop.finished,
+                "failed_early": loop.failed,
+                "written": writer.written,
+                "transactions": writer.transactions,
+                "steps": loop.steps,
+                "reconciled": maintenance.reconciled,
+            }
+            log.info("worker %s stopped: %s", worker_id, self.stats)
+            redis_client.close()
+            db.dispose()
+        return code

@@ -1,0 +1,196 @@
+"""Output writer: commits results and step traces in batched transactions, then acks.
+
+Whatever the engine loop produced since the last commit goes into one transaction; the
+stream entries of those jobs are acked only after that commit, so a crash at any point
+leaves every unwritten job pending in Redis. Store outages are retried with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from sqlalchemy.orm import Session, sessionmaker
+
+from worker.queue.cancel import clear_cancels
+from worker.queue.consumer import ack
+from worker.queue.keys import QueueKeys
+from worker.service.flags import Flags
+from worker.service.inflight import HeldJob, Registry
+from worker.service.retry import retry
+from worker.store.crud.iterations import insert_iterations
+from worker.store.crud.jobs import finish_jobs, requeue_jobs
+from worker.store.schemas import JobResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Finished:
+    """A job's result plus the held entry to ack once it is written."""
+
+    result: JobResult
+    held: HeldJob | None
+
+
+@dataclass
+class Release:
+    """Jobs handed back (drain): requeued in SQL, left pending in Redis for another worker."""
+
+    held: list[HeldJob]
+
+
+@dataclass
+class AckOnly:
+    """Entries to ack without writing (a redelivered job that had already ended)."""
+
+    entries: list[tuple[str, str]]
+
+
+class OutputWriter:
+    """The writer thread. ``put`` is called from the engine loop and the intake."""
+
+    def __init__(
+        self,
+        *,
+        session_factory: sessionmaker[Session],
+        redis_client: redis.Redis,
+        keys: QueueKeys,
+        registry: Registry,
+        flags: Flags,
+        worker_id: str,
+    ) -> None:
+        self.session_factory = session_factory
+        self.redis = redis_client
+        self.keys = keys
+        self.registry = registry
+        self.flags = flags
+        self.worker_id = worker_id
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.closing = threading.Event()
+        self.unwritten = 0  # results put but not yet committed (read by the intake)
+        self.written = 0
+        self.transactions = 0
+        self._thread = threading.Thread(target=self._run, name="output-writer", daemon=True)
+
+    # -- producer side --------------------------------------------------------------------
+    def put(self, item: Finished | Release | AckOnly | dict[str, Any]) -> None:
+        """Queue a result, a release, an ack, or an iteration row (a dict)."""
+        if isinstance(item, Finished):
+            self.unwritten += 1
+        self.inbox.put(item)
+
+    # -- thread ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Write everything queued so far, then stop; False if it did not finish in time."""
+        self.closing.set()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self.flags.stop_now.is_set():
+            try:
+                first = self.inbox.get(timeout=0.05)
+            except queue.Empty:
+                if self.closing.is_set():
+                    return
+                continue
+            items = [first]
+            while True:
+                try:
+                    items.append(self.inbox.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self._handle(items)
+            except Exception:
+                if self.flags.stop_now.is_set():
+                    return
+                log.exception("output writer failed on a batch of %d items", len(items))
+
+    def _handle(self, items: list[Any]) -> None:
+        finished = [i for i in items if isinstance(i, Finished)]
+        rows = [i for i in items if isinstance(i, dict)]
+        releases = [h for i in items if isinstance(i, Release) for h in i.held]
+        acks = [e for i in items if isinstance(i, AckOnly) for e in i.entries]
+        if finished or rows:
+            retry(
+                lambda: self._commit(finished, rows), what="result write", stop=self.flags.stop_now
+            )
+            self.unwritten -= len(finished)
+            self.written += len(finished)
+            self.transactions += 1
+            held = [f.held for f in finished if f.held is not None]
+            acks += [(h.stream, h.entry_id) for h in held]
+        if releases:
+            ids = [h.job_id for h in releases]
+            retry(lambda: self._requeue(ids), what="requeue", stop=self.flags.stop_now)
+            self.registry.remove(ids)
+        if acks:
+            retry(
+                lambda: ack(redis_client=self.redis, keys=self.keys, entries=acks),
+                what="ack",
+                stop=self.flags.stop_now,
+            )
+        if finished:
+            done = [f.result.job_id for f in finished]
+            cancelled = [f.result.job_id for f in finished if f.result.status == "cancelled"]
+            if cancelled:
+                retry(
+                    lambda: clear_cancels(
+                        redis_client=self.redis, keys=self.keys, job_ids=cancelled
+                    ),
+                    what="clear cancels",
+                    stop=self.flags.stop_now,
+                )
+            self.registry.remove(done)
+
+    def _commit(self, finished: list[Finished], rows: list[dict[str, Any]]) -> None:
+        try:
+            with self.session_factory.begin() as session:
+                finish_jobs(
+                    session=session, results=[f.result for f in finished], worker_id=self.worker_id
+                )
+                insert_iterations(session=session, rows=rows, ignore_conflicts=True)
+        except Exception as exc:
+            from worker.service.retry import is_transient
+
+            if is_transient(exc):
+                raise
+            log.exception("batched write refused; writing results one by one")
+            self._commit_one_by_one(finished)
+
+    def _commit_one_by_one(self, finished: list[Finished]) -> None:
+        for f in finished:
+            try:
+                with self.session_factory.begin() as session:
+                    finish_jobs(session=session, results=[f.result], worker_id=self.worker_id)
+            except Exception as exc:
+                from worker.service.retry import is_transient
+
+                if is_transient(exc):
+                    raise
+                with self.session_factory.begin() as session:
+                    finish_jobs(
+                        session=session,
+                        results=[
+                            JobResult(
+                                job_id=f.result.job_id,
+                                status="failed",
+                                error=f"could not store the result: {exc}",
+                            )
+                        ],
+                        worker_id=self.worker_id,
+                    )
+
+    def _requeue(self, job_ids: list[str]) -> None:
+        with self.session_factory.begin() as session:
+            requeue_jobs(session=session, job_ids=job_ids, worker_id=self.worker_id)

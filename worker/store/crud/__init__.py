@@ -1,0 +1,1 @@
+"""Repository functions (keyword-only) over the store's tables."""

@@ -1,0 +1,61 @@
+"""Data access for ``batches``: create, read, refresh the request counts."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from worker.store.models import Batch, Job, JobStatus
+
+
+def new_batch_id() -> str:
+    """A fresh batch id (``batch_`` + 32 hex digits)."""
+    return "batch_" + uuid.uuid4().hex
+
+
+def create_batch(
+    *,
+    session: Session,
+    tenant: str,
+    endpoint: str,
+    input_file_id: str | None = None,
+    completion_window: str = "24h",
+    metadata: dict[str, Any] | None = None,
+    batch_id: str | None = None,
+) -> Batch:
+    """Add a batch in status ``validating`` (the caller commits)."""
+    batch = Batch(
+        id=batch_id or new_batch_id(),
+        tenant=tenant,
+        endpoint=endpoint,
+        input_file_id=input_file_id,
+        completion_window=completion_window,
+        metadata_=metadata,
+        request_total=0,
+        request_completed=0,
+        request_failed=0,
+    )
+    session.add(batch)
+    return batch
+
+
+def get_batch(*, session: Session, batch_id: str) -> Batch | None:
+    """The batch with this id, or None."""
+    return session.get(Batch, batch_id)
+
+
+def refresh_request_counts(*, session: Session, batch: Batch) -> Batch:
+    """Recount total / completed / failed from the batch's jobs."""
+    rows = session.execute(
+        select(Job.status, func.count()).where(Job.batch_id == batch.id).group_by(Job.status)
+    )
+    counts = {status: n for status, n in rows}
+    batch.request_total = sum(counts.values())
+    batch.request_completed = counts.get(JobStatus.SUCCEEDED.value, 0)
+    batch.request_failed = counts.get(JobStatus.FAILED.value, 0) + counts.get(
+        JobStatus.CANCELLED.value, 0
+    )
+    return batch

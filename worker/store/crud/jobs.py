@@ -1,0 +1,226 @@
+"""Data access for ``jobs``: insert, read, start, finish, requeue, fail, cancel."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import bindparam, func, insert, select, text, update
+from sqlalchemy.orm import Session
+
+from worker.store.base import UTCDateTime, utcnow
+from worker.store.models import TERMINAL_STATUSES, Job, JobStatus
+from worker.store.schemas import JobResult, NewJob
+
+_OPEN = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
+# the same test as literal SQL, usable in executemany (no expanding IN parameter)
+_OPEN_SQL = text("jobs.status IN ('queued', 'running')")
+
+
+def new_job_id() -> str:
+    """A fresh, unique job id (``job_`` + 32 hex digits)."""
+    return "job_" + uuid.uuid4().hex
+
+
+def create_jobs(
+    *, session: Session, jobs: Sequence[NewJob], now: datetime | None = None
+) -> list[str]:
+    """Insert queued jobs in one statement and return their ids (the caller commits)."""
+    if not jobs:
+        return []
+    now = now or utcnow()
+    rows = []
+    for job in jobs:
+        job.id = job.id or new_job_id()
+        rows.append(
+            {
+                "id": job.id,
+                "tenant": job.tenant,
+                "batch_id": job.batch_id,
+                "custom_id": job.custom_id,
+                "queue_class": job.queue_class,
+                "status": JobStatus.QUEUED.value,
+                "priority": job.priority,
+                "request": job.request,
+                "queued_at": now,
+                "attempts": 0,
+            }
+        )
+    session.execute(insert(Job), rows)
+    return [job.id for job in jobs]
+
+
+def get_job(*, session: Session, job_id: str) -> Job | None:
+    """The job with this id, or None."""
+    return session.get(Job, job_id)
+
+
+def list_jobs(
+    *,
+    session: Session,
+    status: str | None = None,
+    tenant: str | None = None,
+    batch_id: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> list[Job]:
+    """Jobs in queue order, optionally filtered by status, tenant and batch."""
+    stmt = select(Job)
+    if status:
+        stmt = stmt.where(Job.status == status)
+    if tenant:
+        stmt = stmt.where(Job.tenant == tenant)
+    if batch_id:
+        stmt = stmt.where(Job.batch_id == batch_id)
+    stmt = stmt.order_by(Job.queued_at, Job.id).limit(limit).offset(offset)
+    return list(session.scalars(stmt))
+
+
+def count_by_status(*, session: Session, batch_id: str | None = None) -> dict[str, int]:
+    """How many jobs are in each status (optionally within one batch)."""
+    stmt = select(Job.status, func.count()).group_by(Job.status)
+    if batch_id:
+        stmt = stmt.where(Job.batch_id == batch_id)
+    return {status: n for status, n in session.execute(stmt)}
+
+
+def statuses(*, session: Session, job_ids: Iterable[str]) -> dict[str, str]:
+    """Current status of each of these jobs (missing ids are absent from the answer)."""
+    ids = list(job_ids)
+    if not ids:
+        return {}
+    rows = session.execute(select(Job.id, Job.status).where(Job.id.in_(ids)))
+    return {job_id: status for job_id, status in rows}
+
+
+def start_jobs(
+    *, session: Session, job_ids: Sequence[str], worker_id: str, now: datetime | None = None
+) -> set[str]:
+    """Mark these jobs running on ``worker_id`` (attempts + 1) and return the ids that may
+    run: those still queued or running. Terminal and unknown ids are left out, so a
+    redelivered job that already ended is skipped."""
+    if not job_ids:
+        return set()
+    stmt = (
+        update(Job)
+        .where(Job.id.in_(list(job_ids)), Job.status.in_(_OPEN))
+        .values(
+            status=JobStatus.RUNNING.value,
+            worker_id=worker_id,
+            started_at=now or utcnow(),
+            attempts=Job.attempts + 1,
+        )
+        .returning(Job.id)
+    )
+    return set(session.scalars(stmt))
+
+
+def finish_jobs(
+    *, session: Session, results: Sequence[JobResult], worker_id: str | None = None
+) -> None:
+    """Write final results in one executemany. A job that already ended keeps its first
+    result: the write is conditional on the job still being open (idempotent by job id)."""
+    if not results:
+        return
+    table: Any = Job.__table__
+    stmt = (
+        update(table)
+        .where(table.c.id == bindparam("b_id"), _OPEN_SQL)
+        .values(
+            status=bindparam("b_status"),
+            text=bindparam("b_text"),
+            finish_reason=bindparam("b_finish_reason"),
+            prompt_tokens=bindparam("b_prompt_tokens"),
+            completion_tokens=bindparam("b_completion_tokens"),
+            error=bindparam("b_error"),
+            started_at=func.coalesce(
+                bindparam("b_started_at", type_=UTCDateTime()), Job.__table__.c.started_at
+            ),
+            first_token_at=bindparam("b_first_token_at"),
+            finished_at=bindparam("b_finished_at"),
+            first_step=bindparam("b_first_step"),
+            last_step=bindparam("b_last_step"),
+            **({"worker_id": bindparam("b_worker_id")} if worker_id else {}),
+        )
+    )
+    now = utcnow()
+    params = [
+        {
+            "b_id": r.job_id,
+            "b_status": r.status,
+            "b_text": r.text,
+            "b_finish_reason": r.finish_reason,
+            "b_prompt_tokens": r.prompt_tokens,
+            "b_completion_tokens": r.completion_tokens,
+            "b_error": r.error,
+            "b_started_at": r.started_at,
+            "b_first_token_at": r.first_token_at,
+            "b_finished_at": r.finished_at or now,
+            "b_first_step": r.first_step,
+            "b_last_step": r.last_step,
+            **({"b_worker_id": worker_id} if worker_id else {}),
+        }
+        for r in results
+    ]
+    session.connection().execute(stmt, params)
+
+
+def fail_job(*, session: Session, job_id: str, error: str) -> bool:
+    """Fail one open job with ``error``; False if it had already ended or does not exist."""
+    res = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_(_OPEN))
+        .values(status=JobStatus.FAILED.value, error=error, finished_at=utcnow())
+    )
+    return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
+def requeue_jobs(*, session: Session, job_ids: Sequence[str], worker_id: str) -> int:
+    """Put jobs this worker started but will not finish back to queued."""
+    if not job_ids:
+        return 0
+    res = session.execute(
+        update(Job)
+        .where(
+            Job.id.in_(list(job_ids)),
+            Job.status == JobStatus.RUNNING.value,
+            Job.worker_id == worker_id,
+        )
+        .values(status=JobStatus.QUEUED.value, started_at=None)
+    )
+    return int(res.rowcount)  # type: ignore[attr-defined]
+
+
+def cancel_job(*, session: Session, job_id: str) -> str | None:
+    """Cancel a job: a queued one ends at once (returns ``cancelled``); a running one needs
+    the worker to abort it (returns ``running``: signal it through the queue); an ended one
+    is left as is (returns its status). None if there is no such job."""
+    res = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.QUEUED.value)
+        .values(status=JobStatus.CANCELLED.value, finished_at=utcnow(), finish_reason="abort")
+    )
+    if res.rowcount:  # type: ignore[attr-defined]
+        return JobStatus.CANCELLED.value
+    status = session.scalar(select(Job.status).where(Job.id == job_id))
+    return status
+
+
+def open_jobs(
+    *, session: Session, queued_before: datetime, limit: int = 10_000, after_id: str = ""
+) -> list[Job]:
+    """Queued or running jobs queued before ``queued_before``, by id (for the reconciler)."""
+    stmt = (
+        select(Job)
+        .where(Job.status.in_(_OPEN), Job.queued_at < queued_before, Job.id > after_id)
+        .order_by(Job.id)
+        .limit(limit)
+    )
+    return list(session.scalars(stmt))
+
+
+def is_terminal(status: str | None) -> bool:
+    """True for succeeded, failed and cancelled."""
+    return status in TERMINAL_STATUSES

@@ -1,0 +1,1 @@
+"""Alembic migration scripts of the store (shipped inside the package)."""

@@ -1,0 +1,17 @@
+"""The tables: jobs, iterations, batches, workers."""
+
+from worker.store.models.batch import Batch, BatchStatus
+from worker.store.models.iteration import Iteration
+from worker.store.models.job import TERMINAL_STATUSES, Job, JobStatus
+from worker.store.models.worker import Worker, WorkerStatus
+
+__all__ = [
+    "TERMINAL_STATUSES",
+    "Batch",
+    "BatchStatus",
+    "Iteration",
+    "Job",
+    "JobStatus",
+    "Worker",
+    "WorkerStatus",
+]

@@ -1,0 +1,56 @@
+"""The ``batches`` table: an OpenAI Batch object."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from sqlalchemy import JSON, Index, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from worker.store.base import Base, UTCDateTime, utcnow
+
+
+class BatchStatus(str, Enum):
+    """The OpenAI Batch statuses."""
+
+    VALIDATING = "validating"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+
+class Batch(Base):
+    """A batch of jobs submitted as one JSONL file (OpenAI Batch API shape)."""
+
+    __tablename__ = "batches"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128), default="default")
+    endpoint: Mapped[str] = mapped_column(String(64), default="/v1/chat/completions")
+    status: Mapped[str] = mapped_column(String(16), default=BatchStatus.VALIDATING.value)
+    completion_window: Mapped[str] = mapped_column(String(16), default="24h")
+    input_file_id: Mapped[str | None] = mapped_column(String(64))
+    output_file_id: Mapped[str | None] = mapped_column(String(64))
+    error_file_id: Mapped[str | None] = mapped_column(String(64))
+    request_total: Mapped[int] = mapped_column(Integer, default=0)
+    request_completed: Mapped[int] = mapped_column(Integer, default=0)
+    request_failed: Mapped[int] = mapped_column(Integer, default=0)
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    in_progress_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finalizing_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    failed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (Index(None, "tenant", "created_at"),)

@@ -1,0 +1,64 @@
+"""The ``jobs`` table: one generation request, its timeline and its result."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from sqlalchemy import JSON, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from worker.store.base import Base, UTCDateTime, utcnow
+
+
+class JobStatus(str, Enum):
+    """Lifecycle of a job; the last three are terminal."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATUSES = (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value)
+
+
+class Job(Base):
+    """One generation request. ``request`` is the body as submitted (prompt or messages
+    plus sampling fields); the result columns are filled once, when it ends."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128), default="default")
+    batch_id: Mapped[str | None] = mapped_column(String(64))
+    custom_id: Mapped[str | None] = mapped_column(String(512))
+    queue_class: Mapped[str] = mapped_column(String(16), default="batch")
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED.value)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # result
+    text: Mapped[str | None] = mapped_column(Text)
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    # timeline
+    queued_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    first_token_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # execution
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker_id: Mapped[str | None] = mapped_column(String(128))
+    first_step: Mapped[int | None] = mapped_column(Integer)
+    last_step: Mapped[int | None] = mapped_column(Integer)
+
+    __table_args__ = (
+        Index(None, "status", "queued_at"),
+        Index(None, "batch_id"),
+        Index(None, "tenant", "status"),
+        Index(None, "worker_id", "first_step", "last_step"),
+    )

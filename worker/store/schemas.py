@@ -1,0 +1,41 @@
+"""Plain data carried into and out of the repository functions (no ORM state)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass
+class NewJob:
+    """A job to insert. ``id`` is filled by ``new_job_id()`` when left empty."""
+
+    request: dict[str, Any]
+    tenant: str = "default"
+    queue_class: str = "batch"
+    priority: int = 0
+    custom_id: str | None = None
+    batch_id: str | None = None
+    id: str = ""
+
+
+@dataclass
+class JobResult:
+    """The end of one job as a worker writes it: status plus result and timeline."""
+
+    job_id: str
+    status: str  # succeeded | failed | cancelled
+    text: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+    started_at: datetime | None = (
+        None  # first scheduled in the engine (None: keep the pick-up time)
+    )
+    first_token_at: datetime | None = None
+    finished_at: datetime | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
