@@ -11,7 +11,10 @@ from worker.store.base import Base
 from worker.store.db import make_engine
 from worker.store.migrate import downgrade, upgrade
 
-TABLES = {"jobs", "iterations", "batches", "workers", "alembic_version"}
+TABLES = {
+    "jobs", "iterations", "batches", "workers", "api_keys", "files", "api_jobs", "batch_progress",
+    "alembic_version",
+}
 
 
 def _diff(url: str) -> list:

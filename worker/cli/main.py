@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "jobs": ("worker.cli.jobs_cmd", "list jobs"),
     "job": ("worker.cli.jobs_cmd", "show one job: state, timeline and result"),
     "migrate": ("worker.cli.migrate_cmd", "apply the database migrations"),
+    "api": ("worker.cli.api_cmd", "serve the REST API"),
+    "keys": ("worker.cli.keys_cmd", "create, list and revoke API keys"),
 }
 
 

@@ -1,0 +1,55 @@
+"""The resources one API (or control-plane) process holds: SQL engine, Redis, storage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.settings import Settings
+from api.storage import Storage
+from worker.queue.keys import QueueKeys
+
+
+@dataclass
+class Context:
+    """What routers and control-plane tasks use. Built by :func:`make_context`."""
+
+    settings: Settings
+    engine: Engine
+    session_factory: sessionmaker[Session]
+    redis: redis.Redis
+    keys: QueueKeys
+    storage: Storage
+    read_session_factory: sessionmaker[Session] | None = None
+
+    @property
+    def reads(self) -> sessionmaker[Session]:
+        """Sessions for single-statement reads: autocommit, so no BEGIN/ROLLBACK round trips."""
+        return self.read_session_factory or self.session_factory
+
+    def close(self) -> None:
+        """Release the connection pools."""
+        self.engine.dispose()
+        self.redis.close()
+
+
+def make_context(settings: Settings) -> Context:
+    """Create the pools (no connection is opened until first use)."""
+    from worker.queue.connection import make_redis
+    from worker.store.db import make_engine, make_session_factory
+
+    engine = make_engine(url=settings.database_url, pool_size=settings.db_pool_size)
+    return Context(
+        settings=settings,
+        engine=engine,
+        session_factory=make_session_factory(engine=engine),
+        redis=make_redis(url=settings.redis_url),
+        keys=QueueKeys(prefix=settings.prefix),
+        storage=Storage(settings.storage_path),
+        read_session_factory=make_session_factory(
+            engine=engine.execution_options(isolation_level="AUTOCOMMIT")
+        ),
+    )

@@ -1,0 +1,144 @@
+"""The Celery app of the control plane, built by a factory.
+
+Broker on Redis. With ``settings.celery_eager`` (the embedded default) every task runs
+in-process when it is sent, and :class:`EmbeddedBeat` stands in for ``celery beat``.
+For a separate control-plane worker::
+
+    INFLIGHT_CELERY_EAGER=0 celery -A api.control.celery_main worker -B
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+
+from api.context import Context
+from api.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# task name -> (seconds between runs) for beat
+BEAT_SCHEDULE: dict[str, float] = {
+    "inflight.finalize_ready_batches": 5.0,
+    "inflight.deliver_webhooks": 2.0,
+    "inflight.reconcile_jobs": 30.0,
+    "inflight.expire_batches": 60.0,
+    "inflight.prune_iterations": 3600.0,
+}
+
+
+def make_celery(settings: Settings, get_ctx: Callable[[], Context]) -> Celery:
+    """A Celery app whose tasks run against the Context ``get_ctx()`` returns."""
+    app = Celery("inflight", broker=settings.broker_url or settings.redis_url)
+    app.conf.update(
+        task_always_eager=settings.celery_eager,
+        task_eager_propagates=False,
+        task_ignore_result=True,
+        task_acks_late=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=f"{settings.prefix}:control",
+        broker_connection_retry_on_startup=True,
+        beat_schedule={
+            name: {"task": name, "schedule": every} for name, every in BEAT_SCHEDULE.items()
+        },
+    )
+    _register(app, get_ctx)
+    return app
+
+
+def _register(app: Celery, get_ctx: Callable[[], Context]) -> None:
+    from api.control import expand, finalize, maintenance, webhooks
+
+    @app.task(name="inflight.expand_batch", shared=False)
+    def expand_batch(batch_id: str) -> str:
+        status = expand.expand_batch(get_ctx(), batch_id=batch_id)
+        if status == "in_progress":
+            finalize.finalize_batch(get_ctx(), batch_id=batch_id)
+        return status
+
+    @app.task(name="inflight.finalize_batch", shared=False)
+    def finalize_batch(batch_id: str) -> str:
+        return finalize.finalize_batch(get_ctx(), batch_id=batch_id)
+
+    @app.task(name="inflight.cancel_batch", shared=False)
+    def cancel_batch(batch_id: str) -> str:
+        ctx = get_ctx()
+        maintenance.cancel_batch_jobs(ctx, batch_id=batch_id)
+        return finalize.finalize_batch(ctx, batch_id=batch_id)
+
+    @app.task(name="inflight.finalize_ready_batches", shared=False)
+    def finalize_ready_batches() -> int:
+        return maintenance.finalize_ready_batches(get_ctx())
+
+    @app.task(name="inflight.deliver_webhooks", shared=False)
+    def deliver_webhooks() -> dict[str, int]:
+        return webhooks.deliver_due_webhooks(get_ctx())
+
+    @app.task(name="inflight.reconcile_jobs", shared=False)
+    def reconcile_jobs() -> int:
+        return maintenance.reconcile_jobs(get_ctx())
+
+    @app.task(name="inflight.expire_batches", shared=False)
+    def expire_batches() -> list[str]:
+        return maintenance.expire_batches(get_ctx())
+
+    @app.task(name="inflight.prune_iterations", shared=False)
+    def prune_iterations() -> int:
+        return maintenance.prune_old_iterations(get_ctx())
+
+
+def send(app: Celery, name: str, *args: Any) -> None:
+    """Send a task by name (runs at once, in this thread, in eager mode)."""
+    task = app.tasks[name]
+    if app.conf.task_always_eager:
+        result = task.apply(args=args)
+        if result.failed():
+            log.error("task %s%r failed: %s", name, args, result.result)
+    else:
+        task.delay(*args)
+
+
+class EmbeddedBeat:
+    """In eager mode: a daemon thread running the beat schedule in-process, every
+    ``interval`` seconds at most (the schedule's own periods are respected)."""
+
+    def __init__(self, app: Celery, *, interval: float) -> None:
+        self.app = app
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next: dict[str, float] = {}
+
+    def start(self) -> None:
+        """Start ticking."""
+        if self.interval <= 0 or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="inflight-beat", daemon=True)
+        self._thread.start()
+
+    def tick(self, now: float) -> None:
+        """Run every task that is due at ``now`` (monotonic seconds)."""
+        for name, every in BEAT_SCHEDULE.items():
+            if now >= self._next.get(name, 0.0):
+                self._next[name] = now + (self.interval if every < 10 else every)
+                try:
+                    send(self.app, name)
+                except Exception:
+                    log.exception("beat task %s failed", name)
+
+    def _run(self) -> None:
+        import time
+
+        while not self._stop.wait(self.interval):
+            self.tick(time.monotonic())
+
+    def stop(self) -> None:
+        """Stop ticking and wait for the thread."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None

@@ -1,0 +1,191 @@
+"""Finalize a batch whose jobs have all ended: output file (succeeded requests) and error
+file (invalid lines, failed and cancelled requests), both in input order, in the OpenAI
+Batch output-line format; then the batch's final status and request counts."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any, cast
+
+from api.context import Context
+from api.control.batch_ids import line_of_job
+from api.control.staging import read_errors
+from api.views import response_body
+from worker.protocol.openai_batch import format_batch_output_line, format_error_line
+from worker.store.crud.batch_admin import (
+    batch_jobs_in_order,
+    get_progress,
+    open_job_count,
+    set_batch_status,
+)
+from worker.store.crud.batches import get_batch
+from worker.store.crud.files import create_file, new_file_id
+from worker.store.models import Job
+
+_FINAL_OF = {
+    "validating": "completed",
+    "in_progress": "completed",
+    "finalizing": "completed",
+    "cancelling": "cancelled",
+    "expired": "expired",
+}
+LOCK_TTL_S = 600
+
+
+def finalize_batch(ctx: Context, *, batch_id: str, expiring: bool = False) -> str:
+    """Write the output and error files once no job of the batch is open; returns the
+    batch's status afterwards (unchanged while jobs are still open)."""
+    lock = f"{ctx.keys.prefix}:lock:finalize:{batch_id}"
+    token = uuid.uuid4().hex
+    if not cast(Any, ctx.redis).set(lock, token, nx=True, ex=LOCK_TTL_S):
+        return "locked"
+    try:
+        return _finalize(ctx, batch_id, expiring)
+    finally:
+        if cast(Any, ctx.redis).get(lock) == token:
+            cast(Any, ctx.redis).delete(lock)
+
+
+def _finalize(ctx: Context, batch_id: str, expiring: bool) -> str:
+    with ctx.session_factory.begin() as session:
+        batch = get_batch(session=session, batch_id=batch_id)
+        if batch is None:
+            return "missing"
+        status = batch.status
+        progress = get_progress(session=session, batch_id=batch_id)
+        if status not in _FINAL_OF:
+            return status
+        if not expiring:
+            if status in ("validating", "in_progress") and not progress.expanded:
+                return status
+            if open_job_count(session=session, batch_id=batch_id):
+                return status
+        if status == "in_progress" and not expiring:
+            set_batch_status(session=session, batch_id=batch_id, status="finalizing")
+        tenant = batch.tenant
+    final = "expired" if expiring else _FINAL_OF[status]
+    out_id, err_id, counts = _write_files(ctx, batch_id, tenant, final)
+    with ctx.session_factory.begin() as session:
+        batch = get_batch(session=session, batch_id=batch_id)
+        assert batch is not None
+        batch.output_file_id = out_id
+        batch.error_file_id = err_id
+        batch.request_total = counts["total"]
+        batch.request_completed = counts["completed"]
+        batch.request_failed = counts["failed"]
+        set_batch_status(session=session, batch_id=batch_id, status=final)
+    return final
+
+
+def _write_files(
+    ctx: Context, batch_id: str, tenant: str, final: str
+) -> tuple[str | None, str | None, dict[str, int]]:
+    staged = read_errors(ctx, batch_id)
+    out_id, err_id = new_file_id(), new_file_id()
+    out_tmp, out_path = ctx.storage.writer(tenant=tenant, file_id=out_id)
+    err_tmp, err_path = ctx.storage.writer(tenant=tenant, file_id=err_id)
+    counts = {"total": 0, "completed": 0, "failed": 0}
+    pending_errors = sorted(staged.items())
+    n_out = n_err = 0
+    with open(out_tmp, "w", encoding="utf-8") as out, open(err_tmp, "w", encoding="utf-8") as err:
+
+        def flush_staged(before: int) -> None:
+            nonlocal n_err
+            while pending_errors and pending_errors[0][0] < before:
+                err.write(pending_errors.pop(0)[1] + "\n")
+                n_err += 1
+                counts["failed"] += 1
+                counts["total"] += 1
+
+        after = ""
+        while True:
+            with ctx.session_factory() as session:
+                jobs = batch_jobs_in_order(session=session, batch_id=batch_id, after_id=after)
+            if not jobs:
+                break
+            after = jobs[-1].id
+            for job in jobs:
+                flush_staged(line_of_job(job.id))
+                counts["total"] += 1
+                line = _job_line(ctx, job, final)
+                if job.status == "succeeded" and line is not None:
+                    out.write(line + "\n")
+                    n_out += 1
+                    counts["completed"] += 1
+                else:
+                    err.write((line or _failure_line(job, final)) + "\n")
+                    n_err += 1
+                    counts["failed"] += 1
+        flush_staged(1 << 62)
+    with ctx.session_factory.begin() as session:
+        out_row = err_row = None
+        if n_out:
+            os.replace(out_tmp, out_path)
+            out_row = create_file(
+                session=session,
+                file_id=out_id,
+                tenant=tenant,
+                purpose="batch_output",
+                filename=f"{batch_id}_output.jsonl",
+                size=out_path.stat().st_size,
+                path=str(out_path),
+            )
+        else:
+            out_tmp.unlink(missing_ok=True)
+        if n_err:
+            os.replace(err_tmp, err_path)
+            err_row = create_file(
+                session=session,
+                file_id=err_id,
+                tenant=tenant,
+                purpose="batch_output",
+                filename=f"{batch_id}_error.jsonl",
+                size=err_path.stat().st_size,
+                path=str(err_path),
+            )
+        else:
+            err_tmp.unlink(missing_ok=True)
+    return (out_row.id if out_row else None), (err_row.id if err_row else None), counts
+
+
+def _job_line(ctx: Context, job: Job, final: str) -> str | None:
+    if job.status != "succeeded":
+        return None
+    body = response_body(job, model_name=ctx.settings.model_name)
+    if body is None:
+        return None
+    return format_batch_output_line(
+        custom_id=job.custom_id, request_id=job.id, response_body=body, status_code=200, error=None
+    )
+
+
+def _failure_line(job: Job, final: str) -> str:
+    if job.status in ("queued", "running", "cancelled"):
+        if final == "expired":
+            return format_error_line(
+                custom_id=job.custom_id,
+                request_id=job.id,
+                code="batch_expired",
+                message="This request could not be executed before the completion window expired.",
+                status_code=408,
+            )
+        return format_error_line(
+            custom_id=job.custom_id,
+            request_id=job.id,
+            code="batch_cancelled",
+            message="This request was cancelled before it finished.",
+            status_code=499,
+        )
+    error = job.error or "generation failed"
+    client_side = any(
+        w in error.lower()
+        for w in ("context", "too long", "invalid", "must", "unknown field", "not allowed")
+    )
+    return format_error_line(
+        custom_id=job.custom_id,
+        request_id=job.id,
+        message=error,
+        code="invalid_request" if client_side else "generation_failed",
+        status_code=400 if client_side else 500,
+    )

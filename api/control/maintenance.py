@@ -1,0 +1,90 @@
+"""Periodic upkeep (Celery beat): reconcile lost jobs, finalize finished batches, expire
+batches past their completion window, prune old iteration rows."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from api.context import Context
+from api.control.finalize import finalize_batch
+from worker.queue.cancel import request_cancel
+from worker.queue.reconciler import reconcile
+from worker.store.base import utcnow
+from worker.store.crud.batch_admin import (
+    batches_in_status,
+    cancel_queued_jobs,
+    expired_batch_ids,
+    running_job_ids,
+    set_batch_status,
+)
+from worker.store.crud.retention import prune_iterations
+
+
+def reconcile_jobs(ctx: Context) -> int:
+    """Re-publish jobs open in SQL but absent from Redis; returns how many."""
+    return len(
+        reconcile(
+            session_factory=ctx.session_factory,
+            redis_client=ctx.redis,
+            keys=ctx.keys,
+            grace=timedelta(seconds=ctx.settings.reconcile_grace),
+            worker_timeout=timedelta(seconds=ctx.settings.worker_timeout),
+        )
+    )
+
+
+def finalize_ready_batches(ctx: Context) -> int:
+    """Finalize every in-progress or cancelling batch whose jobs have all ended."""
+    with ctx.session_factory() as session:
+        ids = batches_in_status(
+            session=session, statuses=("in_progress", "cancelling", "finalizing")
+        )
+    done = 0
+    for batch_id in ids:
+        if finalize_batch(ctx, batch_id=batch_id) in ("completed", "cancelled"):
+            done += 1
+    return done
+
+
+def cancel_batch_jobs(ctx: Context, *, batch_id: str) -> int:
+    """Cancel a batch's queued jobs at once and signal its running ones to their workers."""
+    with ctx.session_factory.begin() as session:
+        n = cancel_queued_jobs(session=session, batch_id=batch_id)
+        running = running_job_ids(session=session, batch_id=batch_id)
+    for job_id in running:
+        request_cancel(
+            session_factory=ctx.session_factory,
+            redis_client=ctx.redis,
+            keys=ctx.keys,
+            job_id=job_id,
+        )
+    return n + len(running)
+
+
+def expire_batches(ctx: Context) -> list[str]:
+    """Expire unfinished batches past their window: cancel what is left, write the files
+    (unfinished requests go to the error file as ``batch_expired``)."""
+    with ctx.session_factory() as session:
+        ids = expired_batch_ids(session=session)
+    for batch_id in ids:
+        cancel_batch_jobs(ctx, batch_id=batch_id)
+        finalize_batch(ctx, batch_id=batch_id, expiring=True)
+    return ids
+
+
+def prune_old_iterations(ctx: Context) -> int:
+    """Delete iteration rows older than the retention period."""
+    cutoff = utcnow() - timedelta(days=ctx.settings.iteration_retention_days)
+    with ctx.session_factory.begin() as session:
+        return prune_iterations(session=session, older_than=cutoff)
+
+
+def mark_cancelling(ctx: Context, *, batch_id: str) -> bool:
+    """Move a batch to ``cancelling`` (from validating or in_progress)."""
+    with ctx.session_factory.begin() as session:
+        return set_batch_status(
+            session=session,
+            batch_id=batch_id,
+            status="cancelling",
+            only_from=("validating", "in_progress"),
+        )

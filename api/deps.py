@@ -1,0 +1,28 @@
+"""FastAPI dependencies shared by the routers."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from api.context import Context
+
+
+def get_ctx(request: Request) -> Context:
+    """The app's Context."""
+    ctx: Context = request.app.state.ctx
+    return ctx
+
+
+def _tenant(request: Request) -> str:
+    from api.auth import current_tenant
+
+    return current_tenant(request)
+
+
+CtxDep = Annotated[Context, Depends(get_ctx)]
+"""The app's Context, as an endpoint parameter type."""
+
+TenantDep = Annotated[str, Depends(_tenant)]
+"""The authenticated tenant, as an endpoint parameter type."""

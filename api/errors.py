@@ -1,0 +1,123 @@
+"""Errors in the OpenAI shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from worker.protocol.openai_batch import error_object
+from worker.protocol.sampling_params import InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    """An error answered to the client with ``status`` and an OpenAI error body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        type: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.type = type or _type_for(status)
+
+
+def _type_for(status: int) -> str:
+    if status == 401:
+        return "authentication_error"
+    if status == 404:
+        return "not_found_error"
+    if status == 429:
+        return "rate_limit_error"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def not_found(kind: str, object_id: str) -> ApiError:
+    """The 404 for an id that does not exist or belongs to another tenant."""
+    return ApiError(404, f"No {kind} with id {object_id!r}", code="not_found", param="id")
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+    type: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """A JSONResponse carrying an OpenAI error object."""
+    body = {"error": error_object(message, code=code, param=param, type=type or _type_for(status))}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors: list[Any] = list(exc.errors())
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+    param = ".".join(loc) or None
+    msg = str(first.get("msg", "invalid value"))
+    return (f"{param}: {msg}" if param else msg), param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map every error to the OpenAI shape (unexpected ones to a 500 without details)."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return error_response(
+            exc.status, exc.message, code=exc.code, param=exc.param, type=exc.type
+        )
+
+    @app.exception_handler(InvalidRequestError)
+    async def _invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
+        return error_response(
+            400,
+            str(exc),
+            code=getattr(exc, "code", "invalid_request"),
+            param=getattr(exc, "param", None),
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(400, message, code="invalid_request", param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(
+            exc.status_code, str(exc.detail), code=None, headers=getattr(exc, "headers", None)
+        )
+
+    @app.exception_handler(DataError)
+    async def _data(_: Request, exc: DataError) -> JSONResponse:
+        reason = str(getattr(exc, "orig", exc)).splitlines()[0]
+        return error_response(
+            400, f"a value in the request cannot be stored: {reason}", code="invalid_value"
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(
+            500, "internal server error; the request was logged", code="internal_error"
+        )

@@ -1,0 +1,132 @@
+"""Batches with OpenAI Batch API semantics: create, get, cancel, list."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+
+from api.context import Context
+from api.control.celery_app import send
+from api.deps import CtxDep, TenantDep
+from api.errors import ApiError, not_found
+from api.schemas import BatchCreate
+from api.views import batch_view
+from worker.store.base import utcnow
+from worker.store.crud.batch_admin import get_progress, list_batches
+from worker.store.crud.batches import create_batch, get_batch
+from worker.store.crud.files import get_file
+from worker.store.crud.jobs import count_by_status
+from worker.store.models import Batch
+
+router = APIRouter(prefix="/v1/batches", tags=["batches"])
+
+_LIVE = ("validating", "in_progress", "cancelling", "finalizing")
+
+
+def _owned(ctx: Context, tenant: str, batch_id: str) -> Batch:
+    with ctx.session_factory() as session:
+        batch = get_batch(session=session, batch_id=batch_id)
+    if batch is None or batch.tenant != tenant:
+        raise not_found("batch", batch_id)
+    return batch
+
+
+def _live_view(ctx: Context, batch: Batch) -> tuple[dict[str, Any], bool]:
+    """The batch object with request counts as of now, and whether it can be finalized."""
+    if batch.status not in _LIVE:
+        return batch_view(batch), False
+    with ctx.session_factory() as session:
+        counts = count_by_status(session=session, batch_id=batch.id)
+        progress = get_progress(session=session, batch_id=batch.id)
+        invalid, expanded = progress.invalid_lines or 0, bool(progress.expanded)
+        session.rollback()
+    failed = counts.get("failed", 0) + counts.get("cancelled", 0) + invalid
+    live = {"total": batch.request_total, "completed": counts.get("succeeded", 0), "failed": failed}
+    open_jobs = counts.get("queued", 0) + counts.get("running", 0)
+    ready = open_jobs == 0 and (expanded or batch.status == "cancelling")
+    return batch_view(batch, live), ready and batch.status != "validating"
+
+
+@router.post("")
+def create(
+    *, payload: BatchCreate, request: Request, ctx: CtxDep, tenant: TenantDep
+) -> dict[str, Any]:
+    """Create a batch from an uploaded JSONL file; its lines become jobs."""
+    with ctx.session_factory.begin() as session:
+        f = get_file(session=session, file_id=payload.input_file_id, tenant=tenant)
+        if f is None:
+            raise not_found("file", payload.input_file_id)
+        if f.purpose != "batch":
+            raise ApiError(
+                400,
+                f"file {f.id!r} has purpose {f.purpose!r}; a batch input needs purpose 'batch'",
+                code="invalid_value",
+                param="input_file_id",
+            )
+        batch = create_batch(
+            session=session,
+            tenant=tenant,
+            endpoint=payload.endpoint,
+            input_file_id=f.id,
+            completion_window=payload.completion_window,
+            metadata=payload.metadata,
+        )
+        hours = int(payload.completion_window[:-1])
+        batch.created_at = utcnow()
+        batch.expires_at = batch.created_at + timedelta(hours=hours)
+        batch_id = batch.id
+    send(request.app.state.celery, "inflight.expand_batch", batch_id)
+    return _live_view(ctx, _owned(ctx, tenant, batch_id))[0]
+
+
+@router.get("/{batch_id}")
+def get_one(*, batch_id: str, request: Request, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
+    """A batch with its status and request counts (finalized here if it just finished)."""
+    view, ready = _live_view(ctx, _owned(ctx, tenant, batch_id))
+    if ready:
+        send(request.app.state.celery, "inflight.finalize_batch", batch_id)
+        view, _ = _live_view(ctx, _owned(ctx, tenant, batch_id))
+    return view
+
+
+@router.post("/{batch_id}/cancel")
+def cancel(*, batch_id: str, request: Request, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
+    """Cancel a batch: ``cancelling`` now, ``cancelled`` once its running jobs stopped."""
+    from api.control.maintenance import mark_cancelling
+
+    batch = _owned(ctx, tenant, batch_id)
+    if batch.status in ("cancelling", "cancelled"):
+        return _live_view(ctx, batch)[0]
+    if not mark_cancelling(ctx, batch_id=batch_id):
+        raise ApiError(
+            400,
+            f"batch {batch_id!r} is {batch.status}; only a validating or "
+            "in-progress batch can be cancelled",
+            code="invalid_state",
+        )
+    send(request.app.state.celery, "inflight.cancel_batch", batch_id)
+    return _live_view(ctx, _owned(ctx, tenant, batch_id))[0]
+
+
+@router.get("")
+def list_all(
+    *,
+    limit: int = Query(20, ge=1, le=100),
+    after: str | None = Query(None, max_length=64),
+    ctx: CtxDep,
+    tenant: TenantDep,
+) -> dict[str, Any]:
+    """The tenant's batches, newest first (cursor: ``after`` = last id seen)."""
+    with ctx.session_factory() as session:
+        rows = list_batches(session=session, tenant=tenant, limit=limit + 1, after=after)
+    has_more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "object": "list",
+        "data": [batch_view(b) for b in rows],
+        "first_id": rows[0].id if rows else None,
+        "last_id": rows[-1].id if rows else None,
+        "has_more": has_more,
+    }

@@ -1,0 +1,94 @@
+"""Files: upload a JSONL batch input (streamed to storage), read metadata and content."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Form, Query, UploadFile
+from fastapi.responses import StreamingResponse
+
+from api.deps import CtxDep, TenantDep
+from api.errors import ApiError, not_found
+from api.storage import FileTooLarge
+from api.views import file_view
+from worker.store.crud.files import create_file, get_file, list_files, new_file_id
+
+router = APIRouter(prefix="/v1/files", tags=["files"])
+
+
+@router.post("")
+def upload(
+    *,
+    file: Annotated[UploadFile, File()],
+    purpose: Annotated[str, Form()],
+    ctx: CtxDep,
+    tenant: TenantDep,
+) -> dict[str, Any]:
+    """Upload a file (``purpose=batch``: OpenAI Batch JSONL input)."""
+    if purpose != "batch":
+        raise ApiError(
+            400,
+            f"purpose {purpose!r} is not supported; use 'batch'",
+            code="invalid_value",
+            param="purpose",
+        )
+    file_id = new_file_id()
+    try:
+        path, size = ctx.storage.save_stream(
+            tenant=tenant, file_id=file_id, src=file.file, limit=ctx.settings.max_file_bytes
+        )
+    except FileTooLarge as exc:
+        raise ApiError(413, str(exc), code="file_too_large", param="file") from None
+    if size == 0:
+        path.unlink(missing_ok=True)
+        raise ApiError(400, "the file is empty", code="empty_file", param="file")
+    name = (file.filename or "upload.jsonl")[:512]
+    with ctx.session_factory.begin() as session:
+        row = create_file(
+            session=session,
+            file_id=file_id,
+            tenant=tenant,
+            purpose=purpose,
+            filename=name,
+            size=size,
+            path=str(path),
+        )
+    return file_view(row)
+
+
+@router.get("")
+def list_all(
+    *, limit: int = Query(100, ge=1, le=1000), ctx: CtxDep, tenant: TenantDep
+) -> dict[str, Any]:
+    """The tenant's files, newest first."""
+    with ctx.session_factory() as session:
+        rows = list_files(session=session, tenant=tenant, limit=limit)
+    return {"object": "list", "data": [file_view(r) for r in rows]}
+
+
+@router.get("/{file_id}")
+def get_one(*, file_id: str, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
+    """A file's metadata."""
+    with ctx.session_factory() as session:
+        row = get_file(session=session, file_id=file_id, tenant=tenant)
+    if row is None:
+        raise not_found("file", file_id)
+    return file_view(row)
+
+
+@router.get(
+    "/{file_id}/content",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/jsonl": {}}}},
+)
+def content(*, file_id: str, ctx: CtxDep, tenant: TenantDep) -> StreamingResponse:
+    """A file's bytes, streamed."""
+    with ctx.session_factory() as session:
+        row = get_file(session=session, file_id=file_id, tenant=tenant)
+    if row is None:
+        raise not_found("file", file_id)
+    return StreamingResponse(
+        ctx.storage.iter_bytes(row.path),
+        media_type="application/jsonl",
+        headers={"Content-Length": str(row.bytes)},
+    )

@@ -1,0 +1,200 @@
+"""Jobs: submit (idempotent), get, list, cancel."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any, Literal
+
+import redis
+from fastapi import APIRouter, Header, Query
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError
+
+from api.context import Context
+from api.deps import CtxDep, TenantDep
+from api.errors import ApiError, not_found
+from api.limits import check_request_limits
+from api.schemas import JobCreate, openai_body
+from api.views import job_view
+from worker.protocol.openai_batch import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, parse_request_body
+from worker.queue.cancel import request_cancel
+from worker.queue.message import JobMessage
+from worker.queue.producer import publish
+from worker.store.crud.api_jobs import (
+    add_api_job,
+    find_by_idempotency_key,
+    get_api_job,
+    get_job_with_meta,
+)
+from worker.store.crud.jobs import create_jobs, get_job, list_jobs
+from worker.store.models import Job
+from worker.store.schemas import NewJob
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+JobStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+def _owned_job(ctx: Context, tenant: str, job_id: str) -> Job:
+    with ctx.session_factory() as session:
+        job = get_job(session=session, job_id=job_id)
+    if job is None or job.tenant != tenant:
+        raise not_found("job", job_id)
+    return job
+
+
+def _view(ctx: Context, job: Job) -> dict[str, Any]:
+    with ctx.session_factory() as session:
+        meta = get_api_job(session=session, job_id=job.id)
+    return job_view(job, model_name=ctx.settings.model_name, meta=meta)
+
+
+def _replay(ctx: Context, tenant: str, key: str, body_hash: str) -> JSONResponse | None:
+    with ctx.session_factory() as session:
+        meta = find_by_idempotency_key(session=session, tenant=tenant, key=key)
+        job = get_job(session=session, job_id=meta.job_id) if meta else None
+    if meta is None or job is None:
+        return None
+    if meta.body_hash != body_hash:
+        raise ApiError(
+            409,
+            f"idempotency key {key!r} was already used with a different request",
+            code="idempotency_key_reused",
+            param="idempotency_key",
+        )
+    return JSONResponse(
+        job_view(job, model_name=ctx.settings.model_name, meta=meta),
+        status_code=200,
+        headers={"Idempotent-Replayed": "true"},
+    )
+
+
+@router.post("", status_code=201, responses={200: {"description": "idempotent replay"}})
+def create_job(
+    *,
+    payload: JobCreate,
+    idempotency_key: str | None = Header(None, alias="Idempotency-Key", max_length=255),
+    ctx: CtxDep,
+    tenant: TenantDep,
+) -> JSONResponse:
+    """Submit one chat-completions or completions request as a job."""
+    body = openai_body(payload)
+    endpoint = payload.endpoint or (CHAT_ENDPOINT if "messages" in body else COMPLETIONS_ENDPOINT)
+    req = parse_request_body(body, endpoint=endpoint)
+    check_request_limits(
+        req,
+        max_prompt_tokens=ctx.settings.max_prompt_tokens,
+        max_tokens_limit=ctx.settings.max_tokens_limit,
+    )
+    key = idempotency_key or payload.idempotency_key
+    digest = hashlib.sha256(
+        json.dumps(
+            [
+                endpoint,
+                body,
+                payload.priority,
+                payload.custom_id,
+                payload.callback_url,
+                payload.queue_class,
+            ],
+            sort_keys=True,
+            default=str,
+        ).encode()
+    ).hexdigest()
+    if key:
+        replay = _replay(ctx, tenant, key, digest)
+        if replay is not None:
+            return replay
+    job = NewJob(
+        request={"url": endpoint, "body": body},
+        tenant=tenant,
+        queue_class=payload.queue_class,
+        priority=payload.priority,
+        custom_id=payload.custom_id,
+    )
+    try:
+        with ctx.session_factory.begin() as session:
+            create_jobs(session=session, jobs=[job])
+            add_api_job(
+                session=session,
+                job_id=job.id,
+                tenant=tenant,
+                idempotency_key=key,
+                body_hash=digest,
+                callback_url=payload.callback_url,
+            )
+    except IntegrityError:
+        replay = _replay(ctx, tenant, key, digest) if key else None
+        if replay is None:
+            raise
+        return replay
+    try:
+        publish(
+            redis_client=ctx.redis,
+            keys=ctx.keys,
+            messages=[
+                (
+                    job.queue_class,
+                    JobMessage(
+                        job_id=job.id, body=job.request, tenant=tenant, priority=job.priority
+                    ),
+                )
+            ],
+        )
+    except redis.RedisError:
+        log.warning("job %s committed but not published; the reconciler will", job.id)
+    return JSONResponse(_view(ctx, _owned_job(ctx, tenant, job.id)), status_code=201)
+
+
+@router.get("/{job_id}")
+def get_one(*, job_id: str, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
+    """A job: status, timeline, result (the OpenAI response body) and usage."""
+    with ctx.reads() as session:
+        found = get_job_with_meta(session=session, job_id=job_id)
+    if found is None or found[0].tenant != tenant:
+        raise not_found("job", job_id)
+    return job_view(found[0], model_name=ctx.settings.model_name, meta=found[1])
+
+
+@router.get("")
+def list_all(
+    *,
+    status: JobStatusName | None = None,
+    batch_id: str | None = Query(None, max_length=64),
+    limit: int = Query(100, ge=1, le=1000),
+    offset: int = Query(0, ge=0, le=10_000_000),
+    ctx: CtxDep,
+    tenant: TenantDep,
+) -> dict[str, Any]:
+    """The tenant's jobs in queue order, filtered by status and batch, paginated."""
+    with ctx.session_factory() as session:
+        rows = list_jobs(
+            session=session,
+            status=status,
+            tenant=tenant,
+            batch_id=batch_id,
+            limit=limit + 1,
+            offset=offset,
+        )
+    has_more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "object": "list",
+        "data": [job_view(j, model_name=ctx.settings.model_name, full=False) for j in rows],
+        "has_more": has_more,
+        "next_offset": offset + len(rows) if has_more else None,
+    }
+
+
+@router.delete("/{job_id}")
+def cancel(*, job_id: str, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
+    """Cancel a job: a queued one ends at once; a running one is aborted by its worker
+    between engine steps (its KV blocks freed) and ends ``cancelled``."""
+    _owned_job(ctx, tenant, job_id)
+    request_cancel(
+        session_factory=ctx.session_factory, redis_client=ctx.redis, keys=ctx.keys, job_id=job_id
+    )
+    return _view(ctx, _owned_job(ctx, tenant, job_id))

@@ -1,0 +1,64 @@
+"""Request bodies (pydantic), so the OpenAPI document describes them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class JobCreate(BaseModel):
+    """An OpenAI chat-completions or completions body (``messages`` or ``prompt`` and the
+    sampling fields, at the top level) plus the job fields below."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "messages": [{"role": "user", "content": "Say hi"}],
+                    "max_tokens": 16,
+                    "priority": 0,
+                    "custom_id": "req-1",
+                }
+            ]
+        },
+    )
+
+    endpoint: Literal["/v1/chat/completions", "/v1/completions"] | None = Field(
+        None, description="default: chat when `messages` is given, completions for `prompt`"
+    )
+    priority: int = Field(0, ge=-1000, le=1000)
+    custom_id: str | None = Field(None, min_length=1, max_length=512)
+    idempotency_key: str | None = Field(
+        None,
+        min_length=1,
+        max_length=255,
+        description="the same key returns the same job (also the Idempotency-Key header)",
+    )
+    callback_url: str | None = Field(
+        None,
+        max_length=2048,
+        pattern=r"^https?://[^\s]+$",
+        description="POSTed the job object when it ends",
+    )
+    queue_class: Literal["interactive", "batch"] = "interactive"
+
+
+class BatchCreate(BaseModel):
+    """The OpenAI ``POST /v1/batches`` body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_file_id: str = Field(min_length=1, max_length=64)
+    endpoint: Literal["/v1/chat/completions", "/v1/completions"]
+    completion_window: str = Field("24h", pattern=r"^[1-9][0-9]{0,3}h$")
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+
+
+JOB_META_FIELDS = frozenset(JobCreate.model_fields)
+
+
+def openai_body(payload: JobCreate) -> dict[str, Any]:
+    """The OpenAI body of a job submission: every field that is not a job field."""
+    return dict(payload.model_extra or {})

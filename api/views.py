@@ -1,0 +1,147 @@
+"""Rows to JSON objects (OpenAI shapes for files and batches; the job object is ours)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from worker.protocol.openai_batch import build_response_body, parse_request_body
+from worker.protocol.sampling_params import InvalidRequestError
+from worker.store.models import ApiJob, Batch, Job, StoredFile
+
+
+def epoch(ts: datetime | None) -> int | None:
+    """Seconds since the epoch (OpenAI's timestamps), or None."""
+    return int(ts.timestamp()) if ts is not None else None
+
+
+def _epoch_f(ts: datetime | None) -> float | None:
+    return round(ts.timestamp(), 6) if ts is not None else None
+
+
+def split_stored(stored: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(endpoint, body) of a stored request (``{"url", "body"}``)."""
+    if isinstance(stored.get("body"), dict):
+        return str(stored.get("url") or "/v1/completions"), stored["body"]
+    return ("/v1/chat/completions" if "messages" in stored else "/v1/completions"), stored
+
+
+def response_body(job: Job, *, model_name: str) -> dict[str, Any] | None:
+    """The OpenAI response body of a succeeded job (None otherwise)."""
+    if job.status != "succeeded":
+        return None
+    endpoint, body = split_stored(job.request)
+    try:
+        req = parse_request_body(body, endpoint=endpoint)
+    except InvalidRequestError:
+        return None
+    req.custom_id = job.custom_id
+    return build_response_body(
+        request=req,
+        request_id=job.id,
+        model=body.get("model") or model_name,
+        text=job.text or "",
+        finish_reason=job.finish_reason,
+        prompt_tokens=job.prompt_tokens or 0,
+        completion_tokens=job.completion_tokens or 0,
+        created=epoch(job.finished_at) or 0,
+    )
+
+
+def usage(job: Job) -> dict[str, int] | None:
+    """Token usage, once known."""
+    if job.prompt_tokens is None and job.completion_tokens is None:
+        return None
+    p, c = job.prompt_tokens or 0, job.completion_tokens or 0
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def job_view(
+    job: Job, *, model_name: str, meta: ApiJob | None = None, full: bool = True
+) -> dict[str, Any]:
+    """The job object: status, timeline, result and usage."""
+    endpoint, _ = split_stored(job.request)
+    out: dict[str, Any] = {
+        "id": job.id,
+        "object": "job",
+        "status": job.status,
+        "endpoint": endpoint,
+        "custom_id": job.custom_id,
+        "batch_id": job.batch_id,
+        "priority": job.priority,
+        "queue_class": job.queue_class,
+        "created_at": epoch(job.queued_at),
+        "timeline": {
+            "queued_at": _epoch_f(job.queued_at),
+            "started_at": _epoch_f(job.started_at),
+            "first_token_at": _epoch_f(job.first_token_at),
+            "finished_at": _epoch_f(job.finished_at),
+        },
+        "attempts": job.attempts,
+        "worker_id": job.worker_id,
+        "usage": usage(job),
+        "error": (
+            {"message": job.error, "type": "job_error", "code": job.status} if job.error else None
+        ),
+    }
+    if full:
+        out["result"] = response_body(job, model_name=model_name)
+        out["engine_steps"] = (
+            {"first": job.first_step, "last": job.last_step} if job.first_step is not None else None
+        )
+    if meta is not None:
+        out["callback_url"] = meta.callback_url
+        out["webhook"] = (
+            {
+                "state": meta.webhook_state,
+                "attempts": meta.webhook_attempts,
+                "last_error": meta.webhook_error,
+            }
+            if meta.callback_url
+            else None
+        )
+    return out
+
+
+def file_view(row: StoredFile) -> dict[str, Any]:
+    """The OpenAI File object."""
+    return {
+        "id": row.id,
+        "object": "file",
+        "bytes": row.bytes,
+        "created_at": epoch(row.created_at),
+        "filename": row.filename,
+        "purpose": row.purpose,
+        "status": "processed",
+    }
+
+
+def batch_view(batch: Batch, counts: dict[str, int] | None = None) -> dict[str, Any]:
+    """The OpenAI Batch object; ``counts`` overrides the stored request counts."""
+    c = counts or {
+        "total": batch.request_total,
+        "completed": batch.request_completed,
+        "failed": batch.request_failed,
+    }
+    return {
+        "id": batch.id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "errors": ({"object": "list", "data": batch.errors} if batch.errors else None),
+        "input_file_id": batch.input_file_id,
+        "completion_window": batch.completion_window,
+        "status": batch.status,
+        "output_file_id": batch.output_file_id,
+        "error_file_id": batch.error_file_id,
+        "created_at": epoch(batch.created_at),
+        "in_progress_at": epoch(batch.in_progress_at),
+        "expires_at": epoch(batch.expires_at),
+        "finalizing_at": epoch(batch.finalizing_at),
+        "completed_at": epoch(batch.completed_at),
+        "failed_at": epoch(batch.failed_at),
+        "expired_at": epoch(batch.expired_at),
+        "cancelling_at": epoch(batch.cancelling_at),
+        "cancelled_at": epoch(batch.cancelled_at),
+        "request_counts": c,
+        "metadata": batch.metadata_,
+    }

@@ -1,0 +1,201 @@
+"""Jobs: auth, submit / get / list / cancel, idempotency, limits and error shapes,
+tenant isolation, health and metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.api.conftest import ApiEnv
+
+pytestmark = pytest.mark.services
+
+CHAT = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8}
+
+
+def _is_openai_error(resp, status: int, *, code: str | None = None, param: str | None = None):
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if code is not None:
+        assert err["code"] == code, err
+    if param is not None:
+        assert err["param"] == param, err
+    return err
+
+
+def test_auth(env: ApiEnv) -> None:
+    c = env.client
+    _is_openai_error(c.get("/v1/jobs"), 401, code="invalid_api_key")
+    _is_openai_error(c.get("/v1/jobs", headers={"Authorization": "Bearer nope"}), 401)
+    _is_openai_error(c.get("/v1/jobs", headers={"Authorization": "Basic abc"}), 401)
+    assert c.get("/v1/jobs", headers=env.auth("t-auth")).status_code == 200
+
+
+def test_submit_get_list_cancel(env: ApiEnv) -> None:
+    c, h = env.client, env.auth("t-jobs")
+    r = c.post("/v1/jobs", json={**CHAT, "priority": 3, "custom_id": "a"}, headers=h)
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["status"] == "queued" and job["endpoint"] == "/v1/chat/completions"
+    assert job["priority"] == 3 and job["custom_id"] == "a" and job["result"] is None
+    assert job["timeline"]["queued_at"] and job["timeline"]["started_at"] is None
+    # the job went onto the interactive stream
+    entries = env.ctx.redis.xrange(env.ctx.keys.stream("interactive"))
+    assert [e[1]["job_id"] for e in entries] == [job["id"]]
+    got = c.get(f"/v1/jobs/{job['id']}", headers=h).json()
+    assert got["id"] == job["id"] and got["status"] == "queued"
+    ids = [
+        c.post("/v1/jobs", json={"prompt": f"p{i}", "max_tokens": 2}, headers=h).json()["id"]
+        for i in range(4)
+    ]
+    page1 = c.get("/v1/jobs", params={"limit": 3}, headers=h).json()
+    page2 = c.get("/v1/jobs", params={"limit": 3, "offset": 3}, headers=h).json()
+    assert page1["has_more"] and not page2["has_more"]
+    assert [j["id"] for j in page1["data"] + page2["data"]] == [job["id"], *ids]
+    cancelled = c.delete(f"/v1/jobs/{job['id']}", headers=h).json()
+    assert cancelled["status"] == "cancelled"
+    listed = c.get("/v1/jobs", params={"status": "cancelled"}, headers=h).json()["data"]
+    assert [j["id"] for j in listed] == [job["id"]]
+    assert c.get("/v1/jobs", params={"status": "bogus"}, headers=h).status_code == 400
+
+
+def test_cancel_running_job_signals_worker(env: ApiEnv) -> None:
+    from worker.store.crud.jobs import start_jobs
+
+    c, h = env.client, env.auth("t-run")
+    job = c.post("/v1/jobs", json=CHAT, headers=h).json()
+    with env.ctx.session_factory.begin() as s:
+        start_jobs(session=s, job_ids=[job["id"]], worker_id="w1")
+    r = c.delete(f"/v1/jobs/{job['id']}", headers=h).json()
+    assert r["status"] == "running"  # the worker aborts it between steps
+    assert env.ctx.redis.sismember(env.ctx.keys.cancels, job["id"])
+
+
+def test_idempotency_key(env: ApiEnv) -> None:
+    c, h = env.client, env.auth("t-idem")
+    first = c.post("/v1/jobs", json=CHAT, headers={**h, "Idempotency-Key": "k1"})
+    again = c.post("/v1/jobs", json=CHAT, headers={**h, "Idempotency-Key": "k1"})
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    assert again.headers["Idempotent-Replayed"] == "true"
+    body_key = c.post("/v1/jobs", json={**CHAT, "idempotency_key": "k1"}, headers=h)
+    assert body_key.json()["id"] == first.json()["id"]
+    _is_openai_error(
+        c.post("/v1/jobs", json={**CHAT, "max_tokens": 9}, headers={**h, "Idempotency-Key": "k1"}),
+        409,
+        code="idempotency_key_reused",
+    )
+    # keys are per tenant
+    other = c.post("/v1/jobs", json=CHAT, headers={**env.auth("t-idem2"), "Idempotency-Key": "k1"})
+    assert other.status_code == 201 and other.json()["id"] != first.json()["id"]
+    assert len(env.ctx.redis.xrange(env.ctx.keys.stream("interactive"))) == 2
+
+
+def test_validation_errors(make_env) -> None:
+    env = make_env(max_body_bytes=4096, max_prompt_tokens=100, max_tokens_limit=64)
+    c, h = env.client, env.auth("t-val")
+    _is_openai_error(
+        c.post("/v1/jobs", json={**CHAT, "bogus": 1}, headers=h),
+        400,
+        code="unknown_field",
+        param="bogus",
+    )
+    _is_openai_error(
+        c.post("/v1/jobs", json={**CHAT, "max_tokens": 65}, headers=h), 400, param="max_tokens"
+    )
+    _is_openai_error(c.post("/v1/jobs", json={**CHAT, "max_tokens": 0}, headers=h), 400)
+    _is_openai_error(c.post("/v1/jobs", json={**CHAT, "temperature": -1}, headers=h), 400)
+    _is_openai_error(
+        c.post("/v1/jobs", json={"prompt": "x " * 300, "max_tokens": 2}, headers=h),
+        400,
+        code="prompt_too_long",
+    )
+    _is_openai_error(
+        c.post("/v1/jobs", json={**CHAT, "stream": True}, headers=h), 400, param="stream"
+    )
+    _is_openai_error(c.post("/v1/jobs", json={"max_tokens": 3}, headers=h), 400)
+    _is_openai_error(
+        c.post("/v1/jobs", json={**CHAT, "priority": "high"}, headers=h), 400, param="priority"
+    )
+    _is_openai_error(
+        c.post("/v1/jobs", content=b"{not json", headers={**h, "Content-Type": "application/json"}),
+        400,
+    )
+    _is_openai_error(
+        c.post("/v1/jobs", json={"prompt": "y" * 5000}, headers=h), 413, code="body_too_large"
+    )
+    _is_openai_error(
+        c.post("/v1/jobs", json={**CHAT, "callback_url": "ftp://x"}, headers=h),
+        400,
+        param="callback_url",
+    )
+    _is_openai_error(c.post("/v1/jobs", json={**CHAT, "custom_id": "a\x00"}, headers=h), 400)
+    assert c.get("/v1/jobs/job_%00", headers=h).status_code in (400, 404)
+    assert c.get("/v1/jobs", headers=h).json()["data"] == []
+    nul = c.post("/v1/jobs", json={"prompt": "a\x00b", "max_tokens": 2}, headers=h)
+    assert nul.status_code in (201, 400), nul.text
+
+
+def test_tenant_isolation(env: ApiEnv) -> None:
+    from tests.api.conftest import batch_lines, jsonl
+
+    c, ha, hb = env.client, env.auth("t-a"), env.auth("t-b")
+    job = c.post("/v1/jobs", json=CHAT, headers=ha).json()
+    f = c.post(
+        "/v1/files",
+        data={"purpose": "batch"},
+        files={"file": ("in.jsonl", jsonl(batch_lines(2)))},
+        headers=ha,
+    ).json()
+    batch = c.post(
+        "/v1/batches", json={"input_file_id": f["id"], "endpoint": "/v1/completions"}, headers=ha
+    ).json()
+    for path in (
+        f"/v1/jobs/{job['id']}",
+        f"/v1/files/{f['id']}",
+        f"/v1/files/{f['id']}/content",
+        f"/v1/batches/{batch['id']}",
+    ):
+        assert c.get(path, headers=ha).status_code == 200, path
+        _is_openai_error(c.get(path, headers=hb), 404, code="not_found")
+    _is_openai_error(c.delete(f"/v1/jobs/{job['id']}", headers=hb), 404)
+    _is_openai_error(c.post(f"/v1/batches/{batch['id']}/cancel", headers=hb), 404)
+    _is_openai_error(
+        c.post(
+            "/v1/batches",
+            json={"input_file_id": f["id"], "endpoint": "/v1/completions"},
+            headers=hb,
+        ),
+        404,
+    )
+    assert c.get("/v1/jobs", headers=hb).json()["data"] == []
+    assert c.get("/v1/batches", headers=hb).json()["data"] == []
+    assert c.get("/v1/files", headers=hb).json()["data"] == []
+    assert c.get(f"/v1/jobs/{job['id']}", headers=ha).json()["status"] == "queued"
+
+
+def test_health_metrics_workers(env: ApiEnv) -> None:
+    from worker.store.crud.workers import register_worker
+
+    c = env.client
+    assert c.get("/healthz").json() == {"status": "ok"}
+    ready = c.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "redis": "ok"}
+    with env.ctx.session_factory.begin() as s:
+        register_worker(
+            session=s, worker_id=f"w-{env.ctx.keys.prefix}", host="h", model="tiny", pid=1
+        )
+    workers = c.get("/v1/workers", headers=env.auth("t-w")).json()["data"]
+    mine = [w for w in workers if w["id"] == f"w-{env.ctx.keys.prefix}"]
+    assert mine and mine[0]["alive"] and mine[0]["model"] == "tiny"
+    c.post("/v1/jobs", json=CHAT, headers=env.auth("t-w"))
+    text = c.get("/metrics").text
+    assert 'inflight_http_requests_total{method="POST",route="/v1/jobs",status="201"} 1' in text
+    assert 'inflight_stream_length{stream="interactive"} 1' in text
+    assert "inflight_jobs{" in text and "inflight_workers_live" in text
+
+
+def test_readyz_reports_redis_down(make_env) -> None:
+    env = make_env(redis_url="redis://127.0.0.1:1/0")
+    r = env.client.get("/readyz")
+    assert r.status_code == 503 and r.json()["checks"]["redis"].startswith("error")

@@ -1,0 +1,92 @@
+"""Data access for ``api_jobs``: idempotency keys and webhook delivery state."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from worker.store.base import utcnow
+from worker.store.models import TERMINAL_STATUSES, ApiJob, Job
+
+
+def add_api_job(
+    *,
+    session: Session,
+    job_id: str,
+    tenant: str,
+    idempotency_key: str | None,
+    body_hash: str | None,
+    callback_url: str | None,
+) -> ApiJob:
+    """Add the API-side row of a new job (the caller commits; a duplicate idempotency key
+    raises IntegrityError at flush)."""
+    row = ApiJob(
+        job_id=job_id,
+        tenant=tenant,
+        idempotency_key=idempotency_key,
+        body_hash=body_hash,
+        callback_url=callback_url,
+        webhook_state="pending" if callback_url else "none",
+        webhook_attempts=0,
+    )
+    session.add(row)
+    return row
+
+
+def find_by_idempotency_key(*, session: Session, tenant: str, key: str) -> ApiJob | None:
+    """The job a tenant already submitted under ``key``, or None."""
+    stmt = select(ApiJob).where(ApiJob.tenant == tenant, ApiJob.idempotency_key == key)
+    return session.scalar(stmt)
+
+
+def get_api_job(*, session: Session, job_id: str) -> ApiJob | None:
+    """The API-side row of a job, or None."""
+    return session.get(ApiJob, job_id)
+
+
+def due_webhooks(*, session: Session, now: datetime | None = None, limit: int = 100) -> list[str]:
+    """Job ids whose webhook is pending, whose job has ended and whose next try is due."""
+    now = now or utcnow()
+    stmt = (
+        select(ApiJob.job_id)
+        .join(Job, Job.id == ApiJob.job_id)
+        .where(
+            ApiJob.webhook_state == "pending",
+            Job.status.in_(TERMINAL_STATUSES),
+            (ApiJob.webhook_next_at.is_(None)) | (ApiJob.webhook_next_at <= now),
+        )
+        .limit(limit)
+    )
+    return list(session.scalars(stmt))
+
+
+def record_webhook_attempt(
+    *,
+    session: Session,
+    job_id: str,
+    delivered: bool,
+    error: str | None = None,
+    next_at: datetime | None = None,
+    give_up: bool = False,
+) -> None:
+    """Count one delivery attempt: delivered, retried at ``next_at``, or failed for good."""
+    state = "delivered" if delivered else ("failed" if give_up else "pending")
+    session.execute(
+        update(ApiJob)
+        .where(ApiJob.job_id == job_id)
+        .values(
+            webhook_state=state,
+            webhook_attempts=ApiJob.webhook_attempts + 1,
+            webhook_next_at=next_at,
+            webhook_error=error,
+        )
+    )
+
+
+def get_job_with_meta(*, session: Session, job_id: str) -> tuple[Job, ApiJob | None] | None:
+    """A job and its API-side row in one query (the status poll path), or None."""
+    stmt = select(Job, ApiJob).outerjoin(ApiJob, ApiJob.job_id == Job.id).where(Job.id == job_id)
+    row = session.execute(stmt).first()
+    return (row[0], row[1]) if row is not None else None

@@ -1,0 +1,106 @@
+"""Data access the API's batch control plane needs beyond ``crud.batches``: listing per
+tenant, expansion progress, a batch's jobs in input order, bulk cancel, expiry."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from worker.store.base import utcnow
+from worker.store.models import Batch, BatchProgress, Job, JobStatus
+
+
+def list_batches(
+    *, session: Session, tenant: str, limit: int = 20, after: str | None = None
+) -> list[Batch]:
+    """A tenant's batches, newest first; ``after`` is the id of the last one already seen."""
+    stmt = select(Batch).where(Batch.tenant == tenant)
+    if after:
+        anchor = session.get(Batch, after)
+        if anchor is not None:
+            stmt = stmt.where(
+                (Batch.created_at < anchor.created_at)
+                | ((Batch.created_at == anchor.created_at) & (Batch.id > anchor.id))
+            )
+    stmt = stmt.order_by(Batch.created_at.desc(), Batch.id).limit(limit)
+    return list(session.scalars(stmt))
+
+
+def batches_in_status(
+    *, session: Session, statuses: tuple[str, ...], limit: int = 500
+) -> list[str]:
+    """Ids of batches in any of these statuses."""
+    stmt = select(Batch.id).where(Batch.status.in_(statuses)).limit(limit)
+    return list(session.scalars(stmt))
+
+
+def expired_batch_ids(*, session: Session, now: datetime | None = None) -> list[str]:
+    """Ids of unfinished batches whose completion window has passed."""
+    now = now or utcnow()
+    stmt = select(Batch.id).where(
+        Batch.status.in_(("validating", "in_progress")),
+        Batch.expires_at.is_not(None),
+        Batch.expires_at < now,
+    )
+    return list(session.scalars(stmt))
+
+
+def get_progress(*, session: Session, batch_id: str) -> BatchProgress:
+    """The batch's progress row (created, not committed, when missing)."""
+    row = session.get(BatchProgress, batch_id)
+    if row is None:
+        row = BatchProgress(batch_id=batch_id, lines_read=0, invalid_lines=0, expanded=0)
+        session.add(row)
+    return row
+
+
+def open_job_count(*, session: Session, batch_id: str) -> int:
+    """How many of the batch's jobs are still queued or running."""
+    stmt = select(func.count()).where(
+        Job.batch_id == batch_id, Job.status.in_((JobStatus.QUEUED.value, JobStatus.RUNNING.value))
+    )
+    return int(session.scalar(stmt) or 0)
+
+
+def batch_jobs_in_order(
+    *, session: Session, batch_id: str, after_id: str = "", limit: int = 1000
+) -> list[Job]:
+    """A page of the batch's jobs by id (batch job ids sort in input-line order)."""
+    stmt = (
+        select(Job).where(Job.batch_id == batch_id, Job.id > after_id).order_by(Job.id).limit(limit)
+    )
+    return list(session.scalars(stmt))
+
+
+def running_job_ids(*, session: Session, batch_id: str) -> list[str]:
+    """Ids of the batch's running jobs (those need a cancel signal to their worker)."""
+    stmt = select(Job.id).where(Job.batch_id == batch_id, Job.status == JobStatus.RUNNING.value)
+    return list(session.scalars(stmt))
+
+
+def cancel_queued_jobs(*, session: Session, batch_id: str) -> int:
+    """Cancel every still-queued job of a batch at once; returns how many."""
+    res = session.execute(
+        update(Job)
+        .where(Job.batch_id == batch_id, Job.status == JobStatus.QUEUED.value)
+        .values(status=JobStatus.CANCELLED.value, finished_at=utcnow(), finish_reason="abort")
+    )
+    return int(res.rowcount)  # type: ignore[attr-defined]
+
+
+def set_batch_status(
+    *, session: Session, batch_id: str, status: str, only_from: tuple[str, ...] | None = None
+) -> bool:
+    """Move a batch to ``status`` and stamp ``<status>_at``; with ``only_from``, only when
+    it is in one of those statuses. Returns whether it moved."""
+    values: dict[str, object] = {"status": status}
+    stamp = f"{status}_at"
+    if hasattr(Batch, stamp):
+        values[stamp] = utcnow()
+    stmt = update(Batch).where(Batch.id == batch_id)
+    if only_from:
+        stmt = stmt.where(Batch.status.in_(only_from))
+    res = session.execute(stmt.values(**values))
+    return bool(res.rowcount)  # type: ignore[attr-defined]

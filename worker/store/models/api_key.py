@@ -1,0 +1,24 @@
+"""The ``api_keys`` table: bearer keys (stored as SHA-256 hashes) mapped to tenants."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from worker.store.base import Base, UTCDateTime, utcnow
+
+
+class ApiKey(Base):
+    """One API key. Only its hash is stored; ``prefix`` (its first characters) names it."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
