@@ -1,0 +1,113 @@
+"""Smoke test of ``inflight bench`` on the tiny model (no timing assertions), and the
+workload and metric helpers it is built on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from worker.cli.main import main
+from worker.engine.bench.metrics import StepRecord, fcfs_steps, static_steps, summarize_steps
+from worker.engine.bench.workload import DEFAULT_WORKLOAD, read_workload, static_utilization
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _small_workload(path: Path) -> list[int]:
+    """Ten requests with short outputs, so every configuration runs in about a second."""
+    outs = [3, 20, 5, 8, 4, 12, 6, 3, 9, 7]
+    with open(path, "w", encoding="utf-8") as f:
+        for i, n in enumerate(outs):
+            row = {"id": f"r{i}", "prompt_token_ids": list(range(5, 9 + 3 * i)), "max_tokens": n}
+            f.write(json.dumps(row) + "\n")
+    return outs
+
+
+def test_bench_smoke_tiny_llama(tmp_path: Path, capsys) -> None:
+    import torch
+
+    outs = _small_workload(tmp_path / "w.jsonl")
+    out_dir = tmp_path / "out"
+    threads = torch.get_num_threads()
+    try:  # one thread: a tiny model gains nothing from two, and suffers on a busy machine
+        status = main(["bench", "--model", "tiny-llama", "--limit", "8", "-q", "--threads", "1",
+                       "--workload", str(tmp_path / "w.jsonl"), "--out-dir", str(out_dir)])
+    finally:
+        torch.set_num_threads(threads)
+    assert status == 0
+    assert "continuous-16 / static-16" in capsys.readouterr().out
+    data = json.loads((out_dir / "bench.json").read_text())
+    assert (out_dir / "bench_occupancy.png").stat().st_size > 0
+    for key in ("command", "date", "machine", "workload", "definitions", "runs", "ratios",
+                "targets", "complete"):
+        assert key in data
+    assert data["complete"] is True
+    assert set(data["runs"]) == {"static-16", "continuous-16", "continuous-64", "hf-16"}
+    assert data["workload"]["num_requests"] == 8
+    assert 0 < data["workload"]["u_static"] <= 1
+    for name, run in data["runs"].items():
+        assert run["useful_tokens"] == sum(outs[:8]), name
+        assert run["useful_tokens_per_s"] > 0
+        assert 0 <= run["slot_utilization"] <= 1
+        if run["kind"] == "engine":
+            assert run["num_preemptions"] == 0
+            assert 0 <= run["kv_waste"] < 1
+            assert 0 <= run["scheduler_overhead"] < 1
+            assert max(run["occupancy"]) <= run["max_num_seqs"]
+            assert abs(sum(run["step_time_split"].values()) - 1) < 1e-6
+    # static and continuous do the same useful work; static's slots idle while a cohort drains
+    assert data["runs"]["static-16"]["num_steps"] == max(outs[:8])
+    assert data["runs"]["static-16"]["slot_utilization"] <= (
+        data["runs"]["continuous-16"]["slot_utilization"] + 1e-9)
+    assert all(v > 0 for v in data["ratios"].values())
+
+
+def test_bench_selected_configs_and_errors(tmp_path: Path) -> None:
+    _small_workload(tmp_path / "w.jsonl")
+    argv = ["bench", "--model", "tiny-llama", "--limit", "3", "-q", "--workload",
+            str(tmp_path / "w.jsonl"), "--out-dir", str(tmp_path / "o"), "--skip-hf"]
+    assert main([*argv, "--configs", "continuous-16,hf-16"]) == 0
+    data = json.loads((tmp_path / "o" / "bench.json").read_text())
+    assert set(data["runs"]) == {"continuous-16"}
+    assert not (tmp_path / "o" / "bench_occupancy.png").exists()
+    assert main([*argv, "--configs", "hf-16"]) == 2  # nothing left once hf is skipped
+    assert main(["bench", "--workload", str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_committed_workload_matches_its_generator() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import make_workload
+    finally:
+        sys.path.pop(0)
+    requests = read_workload(DEFAULT_WORKLOAD)
+    assert requests == make_workload.make_workload()
+    assert len(requests) == 64
+    assert all(20 <= len(r.prompt_token_ids) <= 200 for r in requests)
+    assert all(8 <= r.max_tokens <= 512 for r in requests)
+    u = static_utilization([r.max_tokens for r in requests], 16)
+    assert abs(u - 0.31) < 0.01
+
+
+def test_step_counting_helpers() -> None:
+    outs = [10, 1, 1, 1, 4, 4, 4, 4]
+    assert static_steps(outs, 4) == 10 + 4
+    assert fcfs_steps(outs, 4) == 10  # the short ones cycle through three free slots
+    assert static_utilization(outs, 4) == sum(outs) / (4 * 10 + 4 * 4)
+    steps = [StepRecord(4, 2, 30, 0, 4, 32, 0.01, 0.08, 0.01, 0.1),
+             StepRecord(2, 0, 0, 2, 4, 48, 0.01, 0.08, 0.01, 0.1)]
+    s = summarize_steps(steps, max_num_seqs=4, block_size=16)
+    assert s["slot_utilization"] == 0.75
+    assert s["slot_utilization_steady"] == 1.0
+    assert s["kv_waste"] == (64 - 32 + 64 - 48) / 128
+    assert abs(s["scheduler_overhead"] - 0.1) < 1e-9
+
+
+def test_bench_cmd_does_not_import_torch() -> None:
+    code = ("import sys, worker.cli.bench_cmd; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,95 @@
+"""``inflight bench``: this engine (continuous and static) against HF ``generate``, one run.
+
+The measuring lives in ``worker.engine.bench``; this module only parses options and
+imports torch (through the runner) inside ``run()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+_CONFIG_NAMES = ("static-16", "continuous-16", "continuous-64", "hf-16")
+_DESCRIPTION = """\
+Time this engine with continuous batching (16 and 64 slots), its static policy (cohorts
+of 16) and Hugging Face generate (left-padded batches of 16) on one fixed workload, in
+one process, and print the ratios, slot utilization, KV waste and scheduler overhead.
+Writes OUT_DIR/bench.json and OUT_DIR/bench_occupancy.png (sequences per step,
+continuous-16 vs static-16)."""
+
+
+def _default_workload() -> str:
+    return str(Path(__file__).resolve().parents[2] / "benchmarks" / "heavy_tailed.jsonl")
+
+
+def _configs(text: str) -> list[str]:
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    bad = [c for c in names if c not in _CONFIG_NAMES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a comma-separated list of {', '.join(_CONFIG_NAMES)}")
+    return names
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be >= 1")
+    return value
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``bench`` on the ``inflight`` subparsers."""
+    parser = subparsers.add_parser(
+        "bench", help="benchmark the engine against its static policy and HF",
+        description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="model spec, as for generate (default: %(default)s)")
+    parser.add_argument("--workload", default=_default_workload(), metavar="JSONL",
+                        help="requests {id, prompt_token_ids, max_tokens} "
+                             "(default: benchmarks/heavy_tailed.jsonl)")
+    parser.add_argument("--out-dir", default="benchmarks/results", metavar="DIR",
+                        help="where bench.json and the PNG go (default: %(default)s)")
+    parser.add_argument("--configs", type=_configs, default=list(_CONFIG_NAMES),
+                        metavar="A,B", help=f"runs to do (default: {','.join(_CONFIG_NAMES)})")
+    parser.add_argument("--skip-hf", action="store_true", help="leave out the hf-16 run")
+    parser.add_argument("--limit", type=_positive, metavar="N",
+                        help="only the first N requests (a quick smoke run)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                        default="float32", help="weights and KV dtype (default: %(default)s)")
+    parser.add_argument("--threads", type=_positive, metavar="N",
+                        help="torch CPU threads (default: torch's own)")
+    parser.add_argument("--num-kv-blocks", type=_positive, metavar="N",
+                        help="KV pool size (default: enough for the whole workload at once)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark; 0 on success (targets missed are reported, not an error)."""
+    from worker.engine.bench.runner import BenchOptions, format_report, run_benchmark
+
+    configs = [c for c in args.configs if not (args.skip_hf and c == "hf-16")]
+    if not configs:
+        print("inflight bench: error: no configuration left to run", file=sys.stderr)
+        return 2
+    if not Path(args.workload).is_file():
+        print(f"inflight bench: error: workload {args.workload!r} does not exist",
+              file=sys.stderr)
+        return 2
+    opts = BenchOptions(
+        model=args.model, workload=Path(args.workload), out_dir=Path(args.out_dir),
+        configs=configs, limit=args.limit, dtype=args.dtype, threads=args.threads,
+        num_kv_blocks=args.num_kv_blocks, command="inflight " + shlex.join(sys.argv[1:]))
+    say = (lambda _: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    try:
+        result = run_benchmark(opts, say=say)
+    except (ValueError, OSError) as exc:
+        print(f"inflight bench: error: {exc}", file=sys.stderr)
+        return 1
+    print(format_report(result))
+    print(f"wrote {Path(args.out_dir) / 'bench.json'}", file=sys.stderr)
+    return 0

@@ -1,0 +1,108 @@
+"""Time one engine configuration on a workload, keeping a record of every step.
+
+One engine serves every configuration: ``configure`` installs a fresh scheduler with the
+configuration's slot count and policy over the engine's (drained) block manager, so the
+model is loaded once and every run starts from an empty KV pool.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from worker.engine.bench.metrics import StepRecord, summarize_steps
+from worker.engine.bench.workload import BenchRequest
+from worker.engine.llm_engine import LLMEngine
+from worker.engine.scheduler import Scheduler, SchedulerOutput
+from worker.protocol.sampling_params import SamplingParams
+
+
+class ProbedScheduler(Scheduler):
+    """A Scheduler that also remembers, for the last step, the waiting queue length when it
+    began and how many sequences it scheduled (StepStats has neither)."""
+
+    last_waiting_before = 0
+    last_scheduled = 0
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan the step as usual and note the two counts."""
+        self.last_waiting_before = len(self.waiting)
+        out = super().schedule()
+        self.last_scheduled = len(out.scheduled)
+        return out
+
+
+def configure(engine: LLMEngine, *, max_num_seqs: int, policy: str) -> ProbedScheduler:
+    """Give ``engine`` a new scheduler with ``max_num_seqs`` slots and ``policy``."""
+    if engine.has_unfinished_requests() or engine.block_manager.num_used_blocks:
+        raise RuntimeError("the engine must be drained before it is reconfigured")
+    scheduler = ProbedScheduler(
+        block_manager=engine.block_manager,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=engine.args.max_num_batched_tokens,
+        policy=policy,
+        enable_chunked_prefill=engine.args.enable_chunked_prefill,
+    )
+    engine.scheduler = scheduler
+    return scheduler
+
+
+def _params(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def warm_up(engine: LLMEngine, requests: Sequence[BenchRequest], *, max_num_seqs: int = 16,
+            max_tokens: int = 4) -> None:
+    """Run the first ``max_num_seqs`` prompts for a few tokens (prefill and decode paths)."""
+    configure(engine, max_num_seqs=max_num_seqs, policy="fcfs")
+    for i, r in enumerate(requests[:max_num_seqs]):
+        engine.add_request(f"warmup-{i}", r.prompt_token_ids, _params(max_tokens))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], *, name: str,
+               max_num_seqs: int, policy: str) -> dict[str, Any]:
+    """Run every request to its max_tokens under one configuration; figures and per-step
+    occupancy of the run."""
+    scheduler = configure(engine, max_num_seqs=max_num_seqs, policy=policy)
+    steps: list[StepRecord] = []
+    generated = 0
+    preemptions = 0
+    cpu0 = time.process_time()
+    t0 = time.perf_counter()
+    for r in requests:
+        engine.add_request(f"{name}-{r.id}", r.prompt_token_ids, _params(r.max_tokens))
+    while engine.has_unfinished_requests():
+        ts = time.perf_counter()
+        outputs, stats = engine.step()
+        wall = time.perf_counter() - ts
+        generated += sum(len(o.token_ids) for o in outputs if o.finished)
+        preemptions += stats.num_preemptions
+        steps.append(StepRecord(
+            scheduled=scheduler.last_scheduled, waiting_before=scheduler.last_waiting_before,
+            prefill_tokens=stats.num_prefill_tokens, decode_tokens=stats.num_decode_tokens,
+            kv_blocks_used=stats.kv_blocks_used, kv_tokens=stats.kv_tokens,
+            schedule_seconds=stats.schedule_seconds, forward_seconds=stats.forward_seconds,
+            sample_seconds=stats.sample_seconds, wall_seconds=wall,
+        ))
+    seconds = time.perf_counter() - t0
+    cpu_seconds = time.process_time() - cpu0
+    expected = sum(r.max_tokens for r in requests)
+    if generated != expected:
+        raise RuntimeError(f"{name}: generated {generated} tokens, expected {expected}")
+    return {
+        "kind": "engine",
+        "policy": policy,
+        "max_num_seqs": max_num_seqs,
+        "num_requests": len(requests),
+        "useful_tokens": generated,
+        "wall_seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "useful_tokens_per_s": generated / seconds,
+        "num_preemptions": preemptions,
+        **summarize_steps(steps, max_num_seqs=max_num_seqs, block_size=engine.block_size),
+        "occupancy": [s.scheduled for s in steps],
+        "waiting": [s.waiting_before for s in steps],
+    }
