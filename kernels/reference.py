@@ -37,25 +37,6 @@ def write_kv(
     v_flat.index_copy_(0, slots, value.to(v_cache.dtype))
 
 
-def gather_slots(
-    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq]
-    context_lens: torch.Tensor,  # [num_seqs]
-    block_size: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cache slots of every context token of every sequence, packed without padding.
-
-    Returns ``(slots, seq_index)``, both ``[total_context_tokens]``: the slot of each
-    token and the sequence it belongs to.
-    """
-    lens = context_lens.long()
-    num_seqs = lens.numel()
-    seq_index = torch.repeat_interleave(torch.arange(num_seqs, device=lens.device), lens)
-    starts = torch.cumsum(lens, 0) - lens  # [num_seqs]
-    pos = torch.arange(seq_index.numel(), device=lens.device) - starts[seq_index]
-    blocks = block_tables.long()[seq_index, torch.div(pos, block_size, rounding_mode="floor")]
-    return blocks * block_size + pos % block_size, seq_index
-
-
 def decode_attention(
     query: torch.Tensor,  # [num_seqs, num_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -66,27 +47,43 @@ def decode_attention(
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """One query per sequence attending to all its context, vectorized across sequences.
 
-    Keys of all sequences are gathered into one packed list (no padding to the longest
-    context); softmax is a segment softmax over each sequence's keys.
+    Work is organised per (sequence, block) pair: every block a sequence uses is gathered
+    once, scores are one batched matmul per KV head over all pairs, and the softmax is a
+    segment softmax over each sequence's pairs. Nothing is padded to the longest context;
+    only the unused tail slots of each sequence's last block are masked.
     """
     num_seqs, num_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    slots, seq_index = gather_slots(block_tables, context_lens, block_size)
-    keys = k_cache.view(-1, num_kv_heads, head_dim)[slots].float()  # [T, Hkv, D]
-    values = v_cache.view(-1, num_kv_heads, head_dim)[slots].float()  # [T, Hkv, D]
+    device = query.device
+    lens = context_lens.long()
+    num_blocks = torch.div(lens + block_size - 1, block_size, rounding_mode="floor")  # [S]
+    seq_of_pair = torch.repeat_interleave(torch.arange(num_seqs, device=device), num_blocks)  # [P]
+    first_pair = torch.cumsum(num_blocks, 0) - num_blocks  # [S]
+    block_index = torch.arange(seq_of_pair.numel(), device=device) - first_pair[seq_of_pair]  # [P]
+    block_ids = block_tables.long()[seq_of_pair, block_index]  # [P]
+    keys = torch.index_select(k_cache, 0, block_ids).float()  # [P, block_size, Hkv, D]
+    values = torch.index_select(v_cache, 0, block_ids).float()  # [P, block_size, Hkv, D]
     q = query.float().view(num_seqs, num_kv_heads, group, head_dim)  # [S, Hkv, G, D]
-    # scores[t, h, g] = q[seq(t), h, g, :] . keys[t, h, :]
-    scores = torch.einsum("thgd,thd->thg", q[seq_index], keys) * scale  # [T, Hkv, G]
-    index = seq_index.view(-1, 1, 1).expand_as(scores)  # [T, Hkv, G]
-    maxes = torch.full((num_seqs, num_kv_heads, group), float("-inf"), device=query.device)
-    maxes.scatter_reduce_(0, index, scores, reduce="amax", include_self=True)  # [S, Hkv, G]
-    weights = torch.exp(scores - maxes[seq_index])  # [T, Hkv, G]
-    denom = torch.zeros_like(maxes).index_add_(0, seq_index, weights)  # [S, Hkv, G]
-    weighted = weights.unsqueeze(-1) * values.unsqueeze(2)  # [T, Hkv, G, D]
-    out = torch.zeros(num_seqs, num_kv_heads, group, head_dim, device=query.device)
-    out.index_add_(0, seq_index, weighted)  # [S, Hkv, G, D]
-    out = out / denom.unsqueeze(-1)
+    q_pairs = torch.index_select(q, 0, seq_of_pair)  # [P, Hkv, G, D]
+    positions = block_index.unsqueeze(1) * block_size + torch.arange(block_size, device=device)  # [P, bs]
+    unused = (positions >= lens[seq_of_pair].unsqueeze(1)).unsqueeze(1)  # [P, 1, bs]
+    # Unwritten slots may hold anything (even NaN): zero their values, mask their scores.
+    values.masked_fill_(unused.view(-1, block_size, 1, 1), 0.0)
+    out = torch.empty(num_seqs, num_kv_heads, group, head_dim, device=device)  # [S, Hkv, G, D]
+    index = seq_of_pair.unsqueeze(1)  # [P, 1]
+    for h in range(num_kv_heads):
+        # keys[:, :, h] is [P, bs, D] with row stride Hkv * D: bmm reads it without a copy.
+        scores = torch.bmm(q_pairs[:, h], keys[:, :, h].transpose(1, 2)) * scale  # [P, G, bs]
+        scores.masked_fill_(unused, float("-inf"))
+        pair_max = scores.amax(-1)  # [P, G]
+        seq_max = torch.full((num_seqs, group), float("-inf"), device=device)
+        seq_max.scatter_reduce_(0, index.expand_as(pair_max), pair_max, reduce="amax")  # [S, G]
+        weights = torch.exp(scores - seq_max[seq_of_pair].unsqueeze(-1))  # [P, G, bs]
+        denom = torch.zeros(num_seqs, group, device=device).index_add_(0, seq_of_pair, weights.sum(-1))
+        partial = torch.bmm(weights, values[:, :, h])  # [P, G, D]
+        summed = torch.zeros(num_seqs, group, head_dim, device=device).index_add_(0, seq_of_pair, partial)
+        out[:, h] = summed / denom.unsqueeze(-1)  # [S, G, D]
     return out.view(num_seqs, num_heads, head_dim).to(query.dtype)
 
 
