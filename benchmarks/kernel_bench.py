@@ -1,6 +1,6 @@
 """Time the Triton paged-attention kernels on a CUDA GPU and compare with the copy bandwidth.
 
-Usage: ``python benchmarks/kernels.py [--dtype bf16] [--iters 50] ...`` (``--help`` lists all).
+Usage: ``python benchmarks/kernel_bench.py [--dtype bf16] [--iters 50] ...`` (``--help`` lists all).
 
 Every timing is the median of ``--iters`` launches measured with CUDA events, each launch
 preceded by an untimed write of a buffer larger than L2 so no launch reads a warm cache.
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if not torch.cuda.is_available():
         print(
-            "benchmarks/kernels.py needs a CUDA GPU (the Triton kernels run on CUDA); none found."
+            "benchmarks/kernel_bench.py needs a CUDA GPU (the Triton kernels run on CUDA); none found."
         )
         return 2
     torch.manual_seed(0)
