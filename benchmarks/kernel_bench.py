@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import torch
 
@@ -241,6 +242,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--max-cache-gib", type=float, default=40.0, help="skip bigger decode caches")
+    p.add_argument("--skip-engine", action="store_true", help="kernels only, no end-to-end run")
+    p.add_argument("--engine-model", default="smollm2-135m")
+    p.add_argument("--engine-out", default="benchmarks/results/gpu")
     return p.parse_args(argv)
 
 
@@ -270,7 +274,22 @@ def main(argv: list[str] | None = None) -> int:
     bench_write_kv(shape, sorted({*args.batches, 2048, 8192}), args, flush, copy_gbs)
     layouts = [(1, 2048, 0), (1, 4096, 0), (4, 1024, 0), (8, 512, 2048), (1, 512, 8192)]
     bench_prefill(shape, layouts, args, flush)
+    if not args.skip_engine:
+        bench_engine(args)
     return 0
+
+
+def bench_engine(args: argparse.Namespace) -> None:
+    """End-to-end engine tokens/s on SmolLM2 for the heavy-tailed workload (bf16, Triton,
+    decode CUDA graphs), continuous with 16 and 64 slots against its static policy."""
+    from worker.engine.bench.runner import BenchOptions, format_report, run_benchmark
+
+    opts = BenchOptions(
+        model=args.engine_model, dtype="bfloat16", out_dir=Path(args.engine_out),
+        configs=["static-16", "continuous-16", "continuous-64", "hf-16"],
+        command="python benchmarks/kernel_bench.py",
+    )
+    print(format_report(run_benchmark(opts)))
 
 
 if __name__ == "__main__":
