@@ -34,12 +34,14 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate for each prompt (a string or token ids); outputs in input order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        encoded = [
-            (p, self.engine.tokenize(prompt=p)) if isinstance(p, str) else (None, list(p))
-            for p in prompts  # type: ignore[union-attr]
-        ]
+        single = isinstance(prompts, str) or (bool(prompts) and isinstance(prompts[0], int))
+        batch: list[Any] = [prompts] if single else list(prompts)
+        encoded: list[tuple[str | None, list[int]]] = []
+        for p in batch:
+            if isinstance(p, str):
+                encoded.append((p, self.engine.tokenize(prompt=p)))
+            else:
+                encoded.append((None, [int(t) for t in p]))
         return self._run(encoded, sampling_params, use_tqdm)
 
     def chat(
@@ -49,9 +51,11 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate replies to chat conversations through the model's chat template."""
-        if conversations and isinstance(conversations[0], dict):
-            conversations = [conversations]  # type: ignore[list-item]
-        encoded = [(None, self.engine.tokenize(messages=list(c))) for c in conversations]
+        single = bool(conversations) and isinstance(conversations[0], dict)
+        batch: list[Any] = [conversations] if single else list(conversations)
+        encoded: list[tuple[str | None, list[int]]] = [
+            (None, self.engine.tokenize(messages=list(c))) for c in batch
+        ]
         return self._run(encoded, sampling_params, use_tqdm)
 
     def _run(

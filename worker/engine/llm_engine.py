@@ -265,7 +265,10 @@ class LLMEngine:
         outputs = [o for seq in self.aborted if (o := self._finish(seq, now)) is not None]
         self.aborted = []
         sampling = [s for s in plan.scheduled if s.samples]
-        sampled = self.sampler.sample(logits, [s.seq for s in sampling]) if sampling else None
+        sampled = None
+        if sampling:
+            assert logits is not None, "a step that samples has logits"
+            sampled = self.sampler.sample(logits, [s.seq for s in sampling])
         for s in plan.scheduled:
             seq = s.seq
             seq.num_computed_tokens += s.num_new_tokens

@@ -8,6 +8,8 @@ each weight is one matmul per step for all tokens.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -136,6 +138,9 @@ class DecoderLayer(nn.Module):
 class LlamaForPackedCausalLM(nn.Module):
     """The whole decoder; ``forward`` returns logits only for ``meta.logits_indices``."""
 
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(self, config, max_positions: int) -> None:
         super().__init__()
         if config.model_type not in SUPPORTED_MODEL_TYPES:
@@ -145,6 +150,7 @@ class LlamaForPackedCausalLM(nn.Module):
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.decoder_layers: list[DecoderLayer] = [cast(DecoderLayer, m) for m in self.layers]
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -169,7 +175,7 @@ class LlamaForPackedCausalLM(nn.Module):
         else:
             used.add(head)
             self.lm_head.weight = self.embed_tokens.weight  # tied embeddings
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.decoder_layers):
             p = f"model.layers.{i}."
             attn = layer.self_attn
             attn.qkv_proj.weight.copy_(torch.cat([take(p + f"self_attn.{x}_proj.weight") for x in "qkv"]))
@@ -197,7 +203,7 @@ class LlamaForPackedCausalLM(nn.Module):
         hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
         cos = self.rope_cos[meta.positions].to(hidden.dtype)  # [num_tokens, head_dim]
         sin = self.rope_sin[meta.positions].to(hidden.dtype)  # [num_tokens, head_dim]
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+        for layer, (k_cache, v_cache) in zip(self.decoder_layers, kv_caches, strict=True):
             attn_in = layer.input_layernorm(hidden)
             hidden = hidden + layer.self_attn(attn_in, cos, sin, k_cache, v_cache, meta, backend)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))

@@ -121,7 +121,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     # The weights are dequantized now: drop the quantizer so the model saves as plain tensors.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
 

@@ -9,6 +9,7 @@ parity tests depend on float rounding, are then vanishingly rare.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -58,7 +59,7 @@ def _build_tokenizer(vocab_size: int):  # -> PreTrainedTokenizerFast
 def _build_config(arch: str, vocab_size: int, eos_id: int, pad_id: int):
     from transformers import LlamaConfig, Qwen2Config
 
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
