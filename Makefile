@@ -10,10 +10,11 @@ demo: setup
 	.venv/bin/inflight generate examples/prompts.jsonl -o out/results.jsonl --model smollm2-135m
 	head -c 2000 out/results.jsonl; echo
 
-# Lint, import contracts, then every test (Redis and PostgreSQL are started if needed).
+# Lint, types, import contracts, then every test (Redis and PostgreSQL started if needed).
 test: setup
 	bash scripts/services.sh
 	.venv/bin/ruff check .
+	.venv/bin/mypy
 	.venv/bin/lint-imports
 	.venv/bin/python -m pytest -q
 
