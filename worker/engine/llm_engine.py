@@ -233,6 +233,7 @@ class LLMEngine:
         """Schedule, run the model once, sample, and evict what finished."""
         start = time.time()
         t0 = time.perf_counter()
+        waiting_before = len(self.scheduler.waiting)
         plan = self.scheduler.schedule()
         t1 = time.perf_counter()
         self.runner.copy_blocks(plan.block_copies)  # copy-on-write, before anything writes
@@ -257,6 +258,8 @@ class LLMEngine:
             start_time=start,
             num_cached_tokens=plan.num_cached_tokens,
             kv_tokens=sum(s.num_computed_tokens for s in self.scheduler.running),
+            num_scheduled_seqs=len(plan.scheduled),
+            num_waiting_before=waiting_before,
         )
         self.step_index += 1
         return outputs, stats

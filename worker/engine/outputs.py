@@ -67,6 +67,8 @@ class StepStats:
     start_time: float = 0.0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache this step
     kv_tokens: int = 0  # tokens whose K/V sit in allocated blocks after the step
+    num_scheduled_seqs: int = 0  # sequences that computed at least one token this step
+    num_waiting_before: int = 0  # waiting queue length when the step began
 
     @property
     def num_batched_tokens(self) -> int:

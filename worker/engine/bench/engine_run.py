@@ -14,30 +14,15 @@ from typing import Any
 from worker.engine.bench.metrics import StepRecord, summarize_steps
 from worker.engine.bench.workload import BenchRequest
 from worker.engine.llm_engine import LLMEngine
-from worker.engine.scheduler import Scheduler, SchedulerOutput
+from worker.engine.scheduler import Scheduler
 from worker.protocol.sampling_params import SamplingParams
 
 
-class ProbedScheduler(Scheduler):
-    """A Scheduler that also remembers, for the last step, the waiting queue length when it
-    began and how many sequences it scheduled (StepStats has neither)."""
-
-    last_waiting_before = 0
-    last_scheduled = 0
-
-    def schedule(self) -> SchedulerOutput:
-        """Plan the step as usual and note the two counts."""
-        self.last_waiting_before = len(self.waiting)
-        out = super().schedule()
-        self.last_scheduled = len(out.scheduled)
-        return out
-
-
-def configure(engine: LLMEngine, *, max_num_seqs: int, policy: str) -> ProbedScheduler:
+def configure(engine: LLMEngine, *, max_num_seqs: int, policy: str) -> Scheduler:
     """Give ``engine`` a new scheduler with ``max_num_seqs`` slots and ``policy``."""
     if engine.has_unfinished_requests() or engine.block_manager.num_used_blocks:
         raise RuntimeError("the engine must be drained before it is reconfigured")
-    scheduler = ProbedScheduler(
+    scheduler = Scheduler(
         block_manager=engine.block_manager,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=engine.args.max_num_batched_tokens,
@@ -66,7 +51,7 @@ def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], *, name: str
                max_num_seqs: int, policy: str) -> dict[str, Any]:
     """Run every request to its max_tokens under one configuration; figures and per-step
     occupancy of the run."""
-    scheduler = configure(engine, max_num_seqs=max_num_seqs, policy=policy)
+    configure(engine, max_num_seqs=max_num_seqs, policy=policy)
     steps: list[StepRecord] = []
     generated = 0
     preemptions = 0
@@ -81,7 +66,7 @@ def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], *, name: str
         generated += sum(len(o.token_ids) for o in outputs if o.finished)
         preemptions += stats.num_preemptions
         steps.append(StepRecord(
-            scheduled=scheduler.last_scheduled, waiting_before=scheduler.last_waiting_before,
+            scheduled=stats.num_scheduled_seqs, waiting_before=stats.num_waiting_before,
             prefill_tokens=stats.num_prefill_tokens, decode_tokens=stats.num_decode_tokens,
             kv_blocks_used=stats.kv_blocks_used, kv_tokens=stats.kv_tokens,
             schedule_seconds=stats.schedule_seconds, forward_seconds=stats.forward_seconds,
