@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 from typing import Any, cast
 
 from api.context import Context
@@ -119,34 +120,21 @@ def _write_files(
                     counts["failed"] += 1
         flush_staged(1 << 62)
     with ctx.session_factory.begin() as session:
-        out_row = err_row = None
-        if n_out:
-            os.replace(out_tmp, out_path)
-            out_row = create_file(
-                session=session,
-                file_id=out_id,
-                tenant=tenant,
-                purpose="batch_output",
-                filename=f"{batch_id}_output.jsonl",
-                size=out_path.stat().st_size,
-                path=str(out_path),
-            )
-        else:
-            out_tmp.unlink(missing_ok=True)
-        if n_err:
-            os.replace(err_tmp, err_path)
-            err_row = create_file(
-                session=session,
-                file_id=err_id,
-                tenant=tenant,
-                purpose="batch_output",
-                filename=f"{batch_id}_error.jsonl",
-                size=err_path.stat().st_size,
-                path=str(err_path),
-            )
-        else:
-            err_tmp.unlink(missing_ok=True)
-    return (out_row.id if out_row else None), (err_row.id if err_row else None), counts
+        out_file = _publish(session, tenant, out_id, out_tmp, out_path, f"{batch_id}_output.jsonl", n_out)
+        err_file = _publish(session, tenant, err_id, err_tmp, err_path, f"{batch_id}_error.jsonl", n_err)
+    return out_file, err_file, counts
+
+
+def _publish(session: Any, tenant: str, file_id: str, tmp: Path, path: Path, filename: str,
+             lines: int) -> str | None:
+    """Move a written output file into place and record it; drop it when it has no line."""
+    if not lines:
+        tmp.unlink(missing_ok=True)
+        return None
+    os.replace(tmp, path)
+    create_file(session=session, file_id=file_id, tenant=tenant, purpose="batch_output",
+                filename=filename, size=path.stat().st_size, path=str(path))
+    return file_id
 
 
 def _job_line(ctx: Context, job: Job, final: str) -> str | None:
