@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -65,9 +66,13 @@ TORCH_BACKEND = AttentionBackend(
 
 
 def get_backend(device: torch.device | str, prefer: str | None = None) -> AttentionBackend:
-    """Triton on CUDA (when importable), pure torch elsewhere; ``prefer`` forces one."""
+    """The backend for ``device``; ``prefer`` ("torch", "cpu", "triton") forces one.
+
+    By default CUDA gets Triton and the CPU gets the native C++ kernel; either falls back
+    to pure torch when it cannot be imported or built (a warning says so).
+    """
     device = torch.device(device)
-    want = prefer or ("triton" if device.type == "cuda" else "torch")
+    want = prefer or ("triton" if device.type == "cuda" else "cpu")
     if want == "torch":
         return TORCH_BACKEND
     if want == "triton":
@@ -78,4 +83,17 @@ def get_backend(device: torch.device | str, prefer: str | None = None) -> Attent
                 raise RuntimeError(f"the Triton backend is unavailable: {exc}") from exc
             return TORCH_BACKEND
         return TRITON_BACKEND
-    raise ValueError(f"unknown attention backend {want!r}; expected 'torch' or 'triton'")
+    if want == "cpu":
+        if device.type != "cpu":
+            raise ValueError(f"the 'cpu' attention backend cannot run on {device}")
+        from kernels import cpu_native
+
+        try:
+            cpu_native.load_extension()
+        except Exception as exc:  # no compiler or ninja: slower but correct
+            if prefer == "cpu":
+                raise RuntimeError(f"the native CPU backend does not build here: {exc}") from exc
+            warnings.warn(f"native CPU attention unavailable, using pure torch: {exc}", stacklevel=2)
+            return TORCH_BACKEND
+        return cpu_native.CPU_NATIVE_BACKEND
+    raise ValueError(f"unknown attention backend {want!r}; expected 'torch', 'cpu' or 'triton'")

@@ -27,7 +27,7 @@ class EngineArgs:
     enable_prefix_caching: bool = False
     enable_chunked_prefill: bool = True
     tenant_weights: dict[str, float] | None = None  # fair policy: share of served tokens
-    attention_backend: str | None = None  # "torch" | "triton"; None picks by device
+    attention_backend: str | None = None  # "torch" | "cpu" | "triton"; None picks by device
     decode_graphs: bool | None = None  # CUDA graphs for decode steps; None: on with CUDA
     seed: int = 0
     num_threads: int | None = None  # torch intra-op threads on CPU

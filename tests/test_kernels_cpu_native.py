@@ -1,0 +1,100 @@
+"""The native C++ CPU paged-attention kernel against the pure-torch reference and float64.
+
+The paged batches come from tests/test_kernels_reference.py: shuffled blocks, NaN in every
+unused slot and past-the-end table entry, so a read outside a sequence's context fails.
+The extension is built on first use (g++ and ninja); a machine that cannot build it fails
+here rather than silently testing the fallback.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu_native, get_backend, reference
+from tests.test_kernels_reference import RAGGED, cu_seqlens, make_paged_batch, naive_attention
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _built() -> None:
+    cpu_native.load_extension()
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize(("num_kv_heads", "group"), [(1, 1), (2, 3), (3, 3), (2, 4)])
+def test_decode_matches_reference_and_float64(block_size: int, num_kv_heads: int, group: int) -> None:
+    head_dim = 64
+    batch = make_paged_batch(RAGGED, block_size, num_kv_heads, head_dim, seed=block_size + group)
+    query = torch.randn(len(RAGGED), num_kv_heads * group, head_dim)
+    args = (query, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.125)
+    out = cpu_native.decode_attention(*args)
+    assert out.shape == query.shape and not torch.isnan(out).any()
+    torch.testing.assert_close(out, reference.decode_attention(*args), atol=2e-6, rtol=2e-5)
+    for i in range(len(RAGGED)):
+        want = naive_attention(query[i : i + 1], batch.keys[i], batch.values[i], 0.125)
+        torch.testing.assert_close(out[i : i + 1].double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("group", [1, 3])
+def test_ragged_chunks_over_cached_prefix(block_size: int, group: int) -> None:
+    # (context_len, q_len): whole prompts, chunks over a prefix, 1-token and empty chunks,
+    # a chunk longer than the kernel's 8-query tile and one ending on a block boundary.
+    layout = [(1, 1), (16, 16), (33, 33), (40, 7), (64, 32), (33, 1), (20, 0), (90, 19)]
+    contexts = [c for c, _ in layout]
+    q_lens = [q for _, q in layout]
+    num_kv_heads, head_dim = 2, 32
+    batch = make_paged_batch(contexts, block_size, num_kv_heads, head_dim, seed=block_size * group)
+    query = torch.randn(sum(q_lens), num_kv_heads * group, head_dim)
+    cu = cu_seqlens(q_lens)
+    out = cpu_native.load_extension().paged_attention(
+        query, batch.k_cache, batch.v_cache, batch.block_tables, cu, batch.context_lens, 0.3
+    )
+    for i in range(len(layout)):
+        rows = slice(int(cu[i]), int(cu[i + 1]))
+        want = naive_attention(query[rows], batch.keys[i], batch.values[i], 0.3)
+        torch.testing.assert_close(out[rows].double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_cache_accumulates_in_float32() -> None:
+    batch = make_paged_batch(RAGGED, 16, 2, 64, dtype=torch.bfloat16, seed=11)
+    query = torch.randn(len(RAGGED), 6, 64).to(torch.bfloat16)
+    out = cpu_native.decode_attention(
+        query, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.125
+    )
+    assert out.dtype == torch.bfloat16
+    for i in range(len(RAGGED)):
+        want = naive_attention(query[i : i + 1], batch.keys[i], batch.values[i], 0.125)
+        torch.testing.assert_close(out[i : i + 1].double(), want, atol=1e-2, rtol=1e-2)
+
+
+def test_int32_tables_and_one_thread_give_the_same_result() -> None:
+    batch = make_paged_batch([3, 47, 200], 16, 3, 64, seed=5, index_dtype=torch.int32)
+    query = torch.randn(3, 9, 64)
+    args = (query, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.125)
+    many = cpu_native.decode_attention(*args)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = cpu_native.decode_attention(*args)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(many, one)  # work items are independent: no thread-order effects
+
+
+def test_bad_shapes_are_refused() -> None:
+    batch = make_paged_batch([40], 16, 2, 32, seed=1)
+    ext = cpu_native.load_extension()
+    with pytest.raises(RuntimeError, match="more queries than context"):
+        ext.paged_attention(torch.randn(41, 2, 32), batch.k_cache, batch.v_cache,
+                            batch.block_tables, cu_seqlens([41]), batch.context_lens, 1.0)
+    with pytest.raises(RuntimeError, match="heads not a multiple"):
+        ext.paged_attention(torch.randn(1, 3, 32), batch.k_cache, batch.v_cache,
+                            batch.block_tables, cu_seqlens([1]), batch.context_lens, 1.0)
+
+
+def test_cpu_devices_get_the_native_backend() -> None:
+    assert get_backend("cpu").name == "cpu"
+    assert get_backend("cpu", prefer="torch").name == "torch"
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        get_backend("cpu", prefer="metal")
