@@ -13,6 +13,7 @@ from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
 from api.metrics import HttpMetrics, MetricsMiddleware
 from api.settings import Settings
+from api.tracing import TracingMiddleware
 
 
 def create_app(settings: Settings | None = None, *, ctx: Context | None = None) -> FastAPI:
@@ -55,6 +56,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     app.add_middleware(
         BodySizeLimit, json_limit=settings.max_body_bytes, file_limit=settings.max_file_bytes
     )
+    app.add_middleware(TracingMiddleware)  # outermost: the span covers the whole request
     for module in (health, jobs, batches, files, workers):
         app.include_router(module.router)
     return app

@@ -6,8 +6,11 @@ from fastapi import FastAPI
 
 from api.app import create_app
 from api.settings import Settings
+from worker.telemetry.setup import configure_telemetry
 
 
 def create_from_env() -> FastAPI:
-    """The app configured by the environment."""
+    """The app configured by the environment (telemetry too: ``OTEL_*``); uvicorn calls
+    this once in each worker process."""
+    configure_telemetry("inflight-api")
     return create_app(Settings.from_env())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-TORCH_FREE = ["worker.protocol.sampling_params", "worker.protocol.openai_batch", "worker.store", "worker.queue", "api"]
+TORCH_FREE = ["worker.protocol.sampling_params", "worker.protocol.openai_batch", "worker.store", "worker.queue", "worker.telemetry", "api"]
 
 
 @pytest.mark.parametrize("module", TORCH_FREE)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 
+from celery import signals
+
 from api.context import Context, make_context
 from api.control.celery_app import make_celery
 from api.settings import Settings
@@ -19,3 +21,13 @@ def get_ctx() -> Context:
 
 
 app = make_celery(settings, get_ctx)
+
+
+@signals.worker_init.connect
+@signals.beat_init.connect
+def _telemetry(**_: object) -> None:
+    """Telemetry from ``OTEL_*`` when a Celery worker or beat starts (not at import); the
+    SDK's export threads restart in forked pool processes by themselves."""
+    from worker.telemetry.setup import configure_telemetry
+
+    configure_telemetry("inflight-control")

@@ -28,9 +28,10 @@ from worker.store.crud.api_jobs import (
     get_api_job,
     get_job_with_meta,
 )
-from worker.store.crud.jobs import create_jobs, get_job, list_jobs
+from worker.store.crud.jobs import create_jobs, get_job, list_jobs, new_job_id
 from worker.store.models import Job
 from worker.store.schemas import NewJob
+from worker.telemetry.enqueue_spans import EnqueuedJob, enqueue_spans
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -114,38 +115,38 @@ def create_job(
         queue_class=payload.queue_class,
         priority=payload.priority,
         custom_id=payload.custom_id,
+        id=new_job_id(),
     )
-    try:
-        with ctx.session_factory.begin() as session:
-            create_jobs(session=session, jobs=[job])
-            add_api_job(
-                session=session,
-                job_id=job.id,
-                tenant=tenant,
-                idempotency_key=key,
-                body_hash=digest,
-                callback_url=payload.callback_url,
-            )
-    except IntegrityError:
-        replay = _replay(ctx, tenant, key, digest) if key else None
-        if replay is None:
-            raise
-        return replay
-    try:
-        publish(
-            redis_client=ctx.redis,
-            keys=ctx.keys,
-            messages=[
-                (
-                    job.queue_class,
-                    JobMessage(
-                        job_id=job.id, body=job.request, tenant=tenant, priority=job.priority
-                    ),
+    with enqueue_spans(
+        [EnqueuedJob(job.id, job.queue_class, tenant, job.priority)]
+    ) as traceparents:
+        try:
+            with ctx.session_factory.begin() as session:
+                create_jobs(session=session, jobs=[job])
+                add_api_job(
+                    session=session,
+                    job_id=job.id,
+                    tenant=tenant,
+                    idempotency_key=key,
+                    body_hash=digest,
+                    callback_url=payload.callback_url,
                 )
-            ],
+        except IntegrityError:
+            replay = _replay(ctx, tenant, key, digest) if key else None
+            if replay is None:
+                raise
+            return replay
+        message = JobMessage(
+            job_id=job.id,
+            body=job.request,
+            tenant=tenant,
+            priority=job.priority,
+            traceparent=traceparents.get(job.id),
         )
-    except redis.RedisError:
-        log.warning("job %s committed but not published; the reconciler will", job.id)
+        try:
+            publish(redis_client=ctx.redis, keys=ctx.keys, messages=[(job.queue_class, message)])
+        except redis.RedisError:
+            log.warning("job %s committed but not published; the reconciler will", job.id)
     return JSONResponse(_view(ctx, _owned_job(ctx, tenant, job.id)), status_code=201)
 
 

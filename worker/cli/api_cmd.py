@@ -62,5 +62,8 @@ def run(args: argparse.Namespace) -> int:
             log_level=args.log_level,
         )
     else:
+        from worker.telemetry.setup import configure_telemetry
+
+        configure_telemetry("inflight-api")
         uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
     return 0

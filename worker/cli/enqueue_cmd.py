@@ -45,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
     from worker.queue.producer import enqueue
     from worker.store.db import database_url, make_engine, make_session_factory
     from worker.store.schemas import NewJob
+    from worker.telemetry.setup import configure_telemetry, shutdown_telemetry
 
+    configure_telemetry("inflight-enqueue")
     db = make_engine(url=database_url(args.database_url))
     session_factory = make_session_factory(engine=db)
     client = make_redis(url=redis_url(args.redis_url))
@@ -91,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
             stream.close()
         client.close()
         db.dispose()
+        shutdown_telemetry()  # exports the enqueue spans before the process ends
     print(
         f"enqueued {total} jobs" + (f", {bad} invalid lines skipped" if bad else ""),
         file=sys.stderr,

@@ -110,5 +110,10 @@ def run(args: argparse.Namespace) -> int:
 
         upgrade(url=config.database_url)
     from worker.service.worker import Worker
+    from worker.telemetry.setup import configure_telemetry, shutdown_telemetry
 
-    return Worker(config).run()
+    configure_telemetry("inflight-worker")
+    try:
+        return Worker(config).run()
+    finally:
+        shutdown_telemetry()

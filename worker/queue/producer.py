@@ -10,8 +10,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from worker.queue.keys import QueueKeys
 from worker.queue.message import JobMessage
-from worker.store.crud.jobs import create_jobs
+from worker.store.crud.jobs import create_jobs, new_job_id
 from worker.store.schemas import NewJob
+from worker.telemetry.enqueue_spans import EnqueuedJob, enqueue_spans
 
 log = logging.getLogger(__name__)
 
@@ -40,27 +41,36 @@ def enqueue(
 
     If publishing fails after the commit the jobs stay queued in SQL and the reconciler
     publishes them later; the error is re-raised so the caller knows.
+
+    With tracing on, each job gets an ``inflight.enqueue`` span (child of ``traceparent``
+    or of the current span, else the root of the job's own trace) whose context its message
+    carries; with tracing off the messages carry ``traceparent`` as given.
     """
     for job in jobs:
         keys.stream(job.queue_class)  # validate before writing anything
-    with session_factory.begin() as session:
-        ids = create_jobs(session=session, jobs=jobs)
-    msgs = [
-        (
-            job.queue_class,
-            JobMessage(
-                job_id=job.id,
-                body=job.request,
-                tenant=job.tenant,
-                priority=job.priority,
-                traceparent=traceparent,
-            ),
-        )
-        for job in jobs
-    ]
-    try:
-        publish(redis_client=redis_client, keys=keys, messages=msgs)
-    except redis.RedisError:
-        log.warning("committed %d jobs but could not publish them; the reconciler will", len(ids))
-        raise
+        job.id = job.id or new_job_id()  # known before the commit, for the spans
+    spans = [EnqueuedJob(j.id, j.queue_class, j.tenant, j.priority) for j in jobs]
+    with enqueue_spans(spans, traceparent=traceparent) as traceparents:
+        with session_factory.begin() as session:
+            ids = create_jobs(session=session, jobs=jobs)
+        msgs = [
+            (
+                job.queue_class,
+                JobMessage(
+                    job_id=job.id,
+                    body=job.request,
+                    tenant=job.tenant,
+                    priority=job.priority,
+                    traceparent=traceparents.get(job.id),
+                ),
+            )
+            for job in jobs
+        ]
+        try:
+            publish(redis_client=redis_client, keys=keys, messages=msgs)
+        except redis.RedisError:
+            log.warning(
+                "committed %d jobs but could not publish them; the reconciler will", len(ids)
+            )
+            raise
     return ids

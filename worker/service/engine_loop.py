@@ -19,6 +19,7 @@ from worker.protocol.sampling_params import InvalidRequestError, SamplingParams
 from worker.service.config import WorkerConfig
 from worker.service.flags import Flags
 from worker.service.inflight import HeldJob
+from worker.service.observe import JobObserver
 from worker.service.prepare import prepare
 from worker.service.writer import Finished, OutputWriter, Release
 from worker.store.base import from_epoch, utcnow
@@ -76,6 +77,7 @@ class EngineLoop:
         want_changed: threading.Event,
         worker_id: str,
         on_drain: Callable[[], None] = lambda: None,
+        observer: JobObserver | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
@@ -99,6 +101,15 @@ class EngineLoop:
         self.tokens = 0
         self._drain_deadline: float | None = None
         self._idle_step_errors = 0
+        # telemetry: read by observable metrics at collection time; bumped once per step
+        self.observer = observer
+        self._observe = observer is not None and observer.enabled
+        self._note_preemptions = observer is not None and observer.tracing
+        self.last_stats: Any = None
+        self.generated_tokens = 0
+        self.preemptions_total = 0
+        self.cached_prompt_tokens = 0
+        self.computed_prompt_tokens = 0
 
     # -- called from other threads -------------------------------------------------------
     def want(self) -> int:
@@ -202,7 +213,14 @@ class EngineLoop:
 
     def _fail(self, held: HeldJob, error: str) -> None:
         self.failed += 1
-        self.writer.put(Finished(JobResult(job_id=held.job_id, status="failed", error=error), held))
+        result = JobResult(job_id=held.job_id, status="failed", error=error)
+        self.writer.put(Finished(result, held, self._timeline(held, result)))
+
+    def _timeline(self, held: HeldJob, result: JobResult, metrics: Any = None) -> Any:
+        if not self._observe:
+            return None
+        assert self.observer is not None
+        return self.observer.timeline(held, result, metrics)
 
     def _apply_cancels(self) -> None:
         with self.lock:
@@ -213,9 +231,8 @@ class EngineLoop:
             for h in waiting:
                 self.buffer.remove(h)
         for h in waiting:
-            self.writer.put(
-                Finished(JobResult(job_id=h.job_id, status="cancelled", finish_reason="abort"), h)
-            )
+            result = JobResult(job_id=h.job_id, status="cancelled", finish_reason="abort")
+            self.writer.put(Finished(result, h, self._timeline(h, result)))
         for job_id in ids:
             if job_id in self.active and job_id not in self.cancelling:
                 self.cancelling.add(job_id)
@@ -229,6 +246,15 @@ class EngineLoop:
             return
         self._idle_step_errors = 0
         self.steps += 1
+        self.last_stats = stats
+        self.generated_tokens += len(outputs)  # one new token per output (aborts aside)
+        if stats.num_preemptions:
+            self.preemptions_total += stats.num_preemptions
+            if self._note_preemptions:
+                assert self.observer is not None
+                self.observer.note_preemptions(self.engine, stats)
+        self.cached_prompt_tokens += getattr(stats, "num_cached_tokens", 0)
+        self.computed_prompt_tokens += stats.num_prefill_tokens
         for out in outputs:
             if out.finished:
                 self._finish(out)
@@ -251,25 +277,21 @@ class EngineLoop:
             status = "succeeded"
         self.finished += 1
         self.tokens += len(out.token_ids)
-        self.writer.put(
-            Finished(
-                JobResult(
-                    job_id=held.job_id,
-                    status=status,
-                    text=_clean(out.text),
-                    finish_reason=out.finish_reason,
-                    prompt_tokens=len(out.prompt_token_ids),
-                    completion_tokens=len(out.token_ids),
-                    error=getattr(out, "error", None),
-                    started_at=from_epoch(getattr(m, "first_scheduled_time", None)),
-                    first_token_at=from_epoch(m.first_token_time),
-                    finished_at=from_epoch(m.finished_time) or utcnow(),
-                    first_step=m.first_step,
-                    last_step=m.last_step,
-                ),
-                held,
-            )
+        result = JobResult(
+            job_id=held.job_id,
+            status=status,
+            text=_clean(out.text),
+            finish_reason=out.finish_reason,
+            prompt_tokens=len(out.prompt_token_ids),
+            completion_tokens=len(out.token_ids),
+            error=getattr(out, "error", None),
+            started_at=from_epoch(getattr(m, "first_scheduled_time", None)),
+            first_token_at=from_epoch(m.first_token_time),
+            finished_at=from_epoch(m.finished_time) or utcnow(),
+            first_step=m.first_step,
+            last_step=m.last_step,
         )
+        self.writer.put(Finished(result, held, self._timeline(held, result, m)))
 
     def _trace_row(self, s: Any) -> dict[str, Any]:
         return {

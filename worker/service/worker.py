@@ -22,6 +22,7 @@ from worker.service.inflight import HeldJob, Registry
 from worker.service.intake import Intake
 from worker.service.maintenance import Maintenance
 from worker.service.naming import acquire_name, release_name
+from worker.service.observe import JobObserver
 from worker.service.retry import retry
 from worker.service.writer import OutputWriter
 from worker.store.crud.workers import heartbeat, register_worker
@@ -101,6 +102,7 @@ class Worker:
         registry = Registry()
         buffer: deque[HeldJob] = deque()
         work_ready, want_changed = threading.Event(), threading.Event()
+        observer = JobObserver(worker_id, redis_client=redis_client, keys=keys)
         writer = OutputWriter(
             session_factory=session_factory,
             redis_client=redis_client,
@@ -108,6 +110,7 @@ class Worker:
             registry=registry,
             flags=self.flags,
             worker_id=worker_id,
+            observer=observer,
         )
         intake: Intake | None = None
         loop = EngineLoop(
@@ -120,8 +123,10 @@ class Worker:
             want_changed=want_changed,
             worker_id=worker_id,
             on_drain=lambda: intake.join(10) if intake else None,
+            observer=observer,
         )
         self.loop = loop
+        observer.attach(loop)
         intake = Intake(
             config=c,
             session_factory=session_factory,
@@ -175,6 +180,7 @@ class Worker:
             if not self.flags.stop_now.is_set() and not writer.close(timeout=c.drain_timeout + 30):
                 log.warning("writer did not finish; unwritten jobs stay pending in Redis")
             maintenance.close()
+            observer.detach()
             if self.flags.stop_now.is_set():
                 code = code or 1
             try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from worker.queue.consumer import ack
 from worker.queue.keys import QueueKeys
 from worker.service.flags import Flags
 from worker.service.inflight import HeldJob, Registry
+from worker.service.observe import JobObserver
 from worker.service.retry import retry
 from worker.store.crud.iterations import insert_iterations
 from worker.store.crud.jobs import finish_jobs, requeue_jobs
@@ -31,10 +33,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Finished:
-    """A job's result plus the held entry to ack once it is written."""
+    """A job's result plus the held entry to ack once it is written, and its telemetry
+    timeline (None while telemetry is off)."""
 
     result: JobResult
     held: HeldJob | None
+    timeline: Any = None
 
 
 @dataclass
@@ -63,6 +67,7 @@ class OutputWriter:
         registry: Registry,
         flags: Flags,
         worker_id: str,
+        observer: JobObserver | None = None,
     ) -> None:
         self.session_factory = session_factory
         self.redis = redis_client
@@ -70,6 +75,7 @@ class OutputWriter:
         self.registry = registry
         self.flags = flags
         self.worker_id = worker_id
+        self.observer = observer if observer is not None and observer.enabled else None
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.closing = threading.Event()
         self.unwritten = 0  # results put but not yet committed (read by the intake)
@@ -121,6 +127,7 @@ class OutputWriter:
         rows = [i for i in items if isinstance(i, dict)]
         releases = [h for i in items if isinstance(i, Release) for h in i.held]
         acks = [e for i in items if isinstance(i, AckOnly) for e in i.entries]
+        write_start = time.time()
         if finished or rows:
             retry(
                 lambda: self._commit(finished, rows), what="result write", stop=self.flags.stop_now
@@ -152,6 +159,9 @@ class OutputWriter:
                     stop=self.flags.stop_now,
                 )
             self.registry.remove(done)
+            if self.observer is not None:
+                timelines = [f.timeline for f in finished if f.timeline is not None]
+                self.observer.written(timelines, write_start, time.time())
 
     def _commit(self, finished: list[Finished], rows: list[dict[str, Any]]) -> None:
         try:
