@@ -20,6 +20,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "enqueue": ("worker.cli.enqueue_cmd", "enqueue a JSONL file of requests as jobs"),
     "jobs": ("worker.cli.jobs_cmd", "list jobs"),
     "job": ("worker.cli.jobs_cmd", "show one job: state, timeline and result"),
+    "trace": ("worker.cli.trace_cmd", "one job's timeline and what else was in its batch"),
+    "top": ("worker.cli.top_cmd", "live view of the workers and the queues"),
     "migrate": ("worker.cli.migrate_cmd", "apply the database migrations"),
     "api": ("worker.cli.api_cmd", "serve the REST API"),
     "keys": ("worker.cli.keys_cmd", "create, list and revoke API keys"),

@@ -1,0 +1,162 @@
+"""``inflight top``: a live terminal view of the workers (batch size, waiting, KV use,
+tokens/s, jobs/s, heartbeat) and the queue depths per stream."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``top``."""
+    p = subparsers.add_parser(
+        "top",
+        help="live view of the workers and the queues",
+        description="Per worker: status, heartbeat age, latest step, batch size (running "
+        "sequences), waiting sequences, KV use, tokens/s, decode tokens/s and jobs/s over the "
+        "last --window seconds (from the iterations and jobs tables). Per stream: length, "
+        "pending (delivered, not acked) and undelivered entries of the consumer group.",
+    )
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between frames (1)")
+    p.add_argument("--window", type=float, default=5.0,
+                   help="seconds the rates are averaged over (5)")  # fmt: skip
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.add_argument("--all", action="store_true", help="show stopped workers too")
+    p.add_argument("--worker-timeout", type=float, default=30.0,
+                   help="a worker silent this long is shown as stale (30 s)")  # fmt: skip
+    p.add_argument("--redis-url", default=None, help="overrides REDIS_URL")
+    p.add_argument("--database-url", default=None, help="overrides DATABASE_URL")
+    p.add_argument("--prefix", default="inflight", help="Redis key prefix")
+    p.set_defaults(func=run)
+
+
+def _n(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def format_workers(workers: list[Any]) -> list[str]:
+    """The workers table of a frame."""
+    lines = [
+        f"{'WORKER':24} {'STATUS':9} {'HB AGE':>7} {'STEP':>8} {'BATCH':>5} {'WAIT':>5} "
+        f"{'KV%':>5} {'TOK/S':>9} {'DEC/S':>8} {'JOBS/S':>7}  MODEL"
+    ]
+    if not workers:
+        lines.append("  (no workers)")
+    for w in workers:
+        status = w.status if w.alive or w.status == "stopped" else f"{w.status}?"
+        kv = "-" if w.kv_use is None else f"{100 * w.kv_use:.0f}"
+        lines.append(
+            f"{w.id[:24]:24} {status[:9]:9} {w.heartbeat_age_s:>6.1f}s {_n(w.step):>8} "
+            f"{_n(w.running):>5} {_n(w.waiting):>5} {kv:>5} {w.tokens_per_s:>9.1f} "
+            f"{w.decode_tokens_per_s:>8.1f} {w.jobs_per_s:>7.2f}  {w.model}"
+        )
+    if any(not w.alive and w.status != "stopped" for w in workers):
+        lines.append("  (status? : no heartbeat within the worker timeout; dead or stuck)")
+    return lines
+
+
+def format_streams(depths: list[Any]) -> list[str]:
+    """The queue table of a frame."""
+    lines = [f"{'STREAM':40} {'LENGTH':>8} {'PENDING':>8} {'UNDELIVERED':>11} {'CONSUMERS':>9}"]
+    for d in depths:
+        lag = f"~{d.lag}" if d.lag_estimated else _n(d.lag)
+        lines.append(
+            f"{d.stream[:40]:40} {d.length:>8} {_n(d.pending):>8} {lag:>11} {_n(d.consumers):>9}"
+        )
+    if any(d.lag_estimated for d in depths):
+        lines.append("  (~: Redis cannot tell the lag after deletions; length less pending)")
+    return lines
+
+
+class _Sources:
+    """The database and Redis connections a running ``top`` reuses between frames."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import redis
+
+        from worker.queue.connection import redis_url
+        from worker.queue.keys import QueueKeys
+        from worker.store.db import database_url, make_engine, make_session_factory
+
+        self.args = args
+        self.db = make_engine(url=database_url(args.database_url))
+        self.session_factory = make_session_factory(engine=self.db)
+        self.redis_url = redis_url(args.redis_url)
+        # short timeouts: an unreachable Redis must not freeze the view
+        self.redis = redis.Redis.from_url(
+            self.redis_url, decode_responses=True, socket_connect_timeout=1, socket_timeout=2
+        )
+        self.keys = QueueKeys(prefix=args.prefix)
+
+    def close(self) -> None:
+        self.redis.close()
+        self.db.dispose()
+
+    def frame(self) -> str:
+        """One frame of the view, as text."""
+        from worker.queue.stream_stats import stream_stats
+        from worker.store.base import utcnow
+        from worker.store.crud.worker_activity import worker_activity
+
+        args = self.args
+        now = utcnow()
+        lines = [
+            f"inflight top  {now.strftime('%Y-%m-%d %H:%M:%S')} UTC  rates over {args.window:g} s"
+            + ("" if args.once else f", every {args.interval:g} s (Ctrl-C quits)"),
+            "",
+        ]
+        try:
+            with self.session_factory() as s:
+                workers = worker_activity(
+                    session=s, window_s=args.window, now=now,
+                    worker_timeout_s=args.worker_timeout, include_stopped=args.all,
+                )  # fmt: skip
+            lines += format_workers(workers)
+        except Exception as exc:
+            lines.append(f"store: unreachable ({type(exc).__name__}: {_first_line(exc)})")
+        lines.append("")
+        try:
+            depths = stream_stats(redis_client=self.redis, keys=self.keys)
+            lines += format_streams(depths)
+        except Exception as exc:
+            lines.append(f"redis: unreachable ({_display_url(self.redis_url)}: {_first_line(exc)})")
+        return "\n".join(lines) + "\n"
+
+
+def _display_url(url: str) -> str:
+    """``url`` without its password."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else ""
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print frames every ``--interval`` seconds until interrupted (one with ``--once``)."""
+    sources = _Sources(args)
+    try:
+        if args.once:
+            sys.stdout.write(sources.frame())
+            return 0
+        while True:
+            frame = sources.frame()
+            sys.stdout.write(CLEAR + frame)
+            sys.stdout.flush()
+            time.sleep(max(args.interval, 0.05))
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        sources.close()
