@@ -22,8 +22,10 @@ def _built() -> None:
 
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize(("num_kv_heads", "group"), [(1, 1), (2, 3), (3, 3), (2, 4)])
-def test_decode_matches_reference_and_float64(block_size: int, num_kv_heads: int, group: int) -> None:
-    head_dim = 64
+@pytest.mark.parametrize("head_dim", [64, 128, 48])  # register-blocked 64 and 128, scalar 48
+def test_decode_matches_reference_and_float64(
+    block_size: int, num_kv_heads: int, group: int, head_dim: int
+) -> None:
     batch = make_paged_batch(RAGGED, block_size, num_kv_heads, head_dim, seed=block_size + group)
     query = torch.randn(len(RAGGED), num_kv_heads * group, head_dim)
     args = (query, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.125)
@@ -37,19 +39,21 @@ def test_decode_matches_reference_and_float64(block_size: int, num_kv_heads: int
 
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("group", [1, 3])
-def test_ragged_chunks_over_cached_prefix(block_size: int, group: int) -> None:
+@pytest.mark.parametrize("head_dim", [64, 32])
+def test_ragged_chunks_over_cached_prefix(block_size: int, group: int, head_dim: int) -> None:
     # (context_len, q_len): whole prompts, chunks over a prefix, 1-token and empty chunks,
     # a chunk longer than the kernel's 8-query tile and one ending on a block boundary.
     layout = [(1, 1), (16, 16), (33, 33), (40, 7), (64, 32), (33, 1), (20, 0), (90, 19)]
     contexts = [c for c, _ in layout]
     q_lens = [q for _, q in layout]
-    num_kv_heads, head_dim = 2, 32
+    num_kv_heads = 2
     batch = make_paged_batch(contexts, block_size, num_kv_heads, head_dim, seed=block_size * group)
     query = torch.randn(sum(q_lens), num_kv_heads * group, head_dim)
     cu = cu_seqlens(q_lens)
-    out = cpu_native.load_extension().paged_attention(
-        query, batch.k_cache, batch.v_cache, batch.block_tables, cu, batch.context_lens, 0.3
-    )
+    args = (query, batch.k_cache, batch.v_cache, batch.block_tables, cu, batch.context_lens, 0.3)
+    out = cpu_native.load_extension().paged_attention(*args)
+    # through the backend function: short chunks native, a longer one via the reference
+    torch.testing.assert_close(cpu_native.prefill_attention(*args), out, atol=2e-6, rtol=2e-5)
     for i in range(len(layout)):
         rows = slice(int(cu[i]), int(cu[i + 1]))
         want = naive_attention(query[rows], batch.keys[i], batch.values[i], 0.3)

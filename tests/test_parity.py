@@ -14,9 +14,10 @@ def _greedy(max_tokens: int = NEW_TOKENS) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
+@pytest.mark.parametrize("speculative", [0, 4], ids=["plain", "ngram-drafts"])
 @pytest.mark.parametrize("spec", ["tiny-llama", "tiny-qwen2"])
-def test_greedy_equals_hf_generate_tiny(spec: str) -> None:
-    llm = LLM(spec, num_kv_blocks=128, max_num_seqs=16)
+def test_greedy_equals_hf_generate_tiny(spec: str, speculative: int) -> None:
+    llm = LLM(spec, num_kv_blocks=128, max_num_seqs=16, num_speculative_tokens=speculative)
     prompts = prompt_token_lists(llm.tokenizer, 8)
     outputs = llm.generate(prompts, _greedy(), use_tqdm=False)
     for prompt, out in zip(prompts, outputs, strict=True):
@@ -25,12 +26,15 @@ def test_greedy_equals_hf_generate_tiny(spec: str) -> None:
 
 
 @pytest.mark.slow
-def test_greedy_equals_hf_generate_smollm2() -> None:
-    llm = LLM("smollm2-135m", num_kv_blocks=256, max_num_seqs=16)
+@pytest.mark.parametrize("speculative", [0, 4], ids=["plain", "ngram-drafts"])
+def test_greedy_equals_hf_generate_smollm2(speculative: int) -> None:
+    llm = LLM("smollm2-135m", num_kv_blocks=256, max_num_seqs=16, num_speculative_tokens=speculative)
     prompts = prompt_token_lists(llm.tokenizer, 8, lo=4, hi=120)
     outputs = llm.generate(prompts, _greedy(), use_tqdm=False)
     for prompt, out in zip(prompts, outputs, strict=True):
         assert out.token_ids == hf_greedy("smollm2-135m", prompt, NEW_TOKENS), f"prompt of {len(prompt)} tokens"
+    if speculative:  # the drafts really ran: SmolLM2 repeats itself on these prompts
+        assert llm.engine.total_accepted_tokens > 0
 
 
 def test_batch_invariance_greedy_and_seeded(tiny_llama_engine) -> None:

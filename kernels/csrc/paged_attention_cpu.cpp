@@ -23,7 +23,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -36,6 +38,66 @@ struct WorkItem {
   int64_t tile_start;  // first query token of the tile, 0-based within the sequence's chunk
   int64_t tile_end;    // one past the last
 };
+
+// 8 floats in one AVX register (GCC/Clang vector extension; -march=native picks the ISA).
+typedef float v8f __attribute__((vector_size(32)));
+
+inline v8f load8(const float* p) {
+  v8f r;
+  std::memcpy(&r, p, sizeof(r));
+  return r;
+}
+
+inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
+
+inline float hsum8(v8f v) {
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
+// scores[v] = q[v] . k_row for vectors [0, nvec): the key row stays in registers and four
+// query vectors are dotted at once, so four independent FMA chains are in flight.
+template <int D>
+inline void dot_rows(const float* q, const float* k_row, int64_t nvec, float* scores,
+                     int64_t score_stride) {
+  constexpr int C = D / 8;
+  v8f kr[C];
+  for (int c = 0; c < C; ++c) kr[c] = load8(k_row + 8 * c);
+  int64_t v = 0;
+  for (; v + 4 <= nvec; v += 4) {
+    v8f a0 = {}, a1 = {}, a2 = {}, a3 = {};
+    const float* q0 = q + v * D;
+    for (int c = 0; c < C; ++c) {
+      a0 += load8(q0 + 8 * c) * kr[c];
+      a1 += load8(q0 + D + 8 * c) * kr[c];
+      a2 += load8(q0 + 2 * D + 8 * c) * kr[c];
+      a3 += load8(q0 + 3 * D + 8 * c) * kr[c];
+    }
+    scores[v * score_stride] = hsum8(a0);
+    scores[(v + 1) * score_stride] = hsum8(a1);
+    scores[(v + 2) * score_stride] = hsum8(a2);
+    scores[(v + 3) * score_stride] = hsum8(a3);
+  }
+  for (; v < nvec; ++v) {
+    v8f a = {};
+    for (int c = 0; c < C; ++c) a += load8(q + v * D + 8 * c) * kr[c];
+    scores[v * score_stride] = hsum8(a);
+  }
+}
+
+// acc[v] += p[v] * v_row for every vector with a non-zero weight; v_row stays in registers.
+template <int D>
+inline void accumulate_rows(const float* p, int64_t p_stride, const float* v_row, int64_t nvec,
+                            float* acc) {
+  constexpr int C = D / 8;
+  v8f vr[C];
+  for (int c = 0; c < C; ++c) vr[c] = load8(v_row + 8 * c);
+  for (int64_t v = 0; v < nvec; ++v) {
+    const float w = p[v * p_stride];
+    if (w == 0.f) continue;
+    float* a = acc + v * D;
+    for (int c = 0; c < C; ++c) store8(a + 8 * c, load8(a + 8 * c) + w * vr[c]);
+  }
+}
 
 template <typename scalar_t>
 inline float dot(const float* q, const scalar_t* k, int64_t head_dim) {
@@ -51,7 +113,9 @@ inline void axpy(float w, const scalar_t* v, float* acc, int64_t head_dim) {
   for (int64_t d = 0; d < head_dim; ++d) acc[d] += w * static_cast<float>(v[d]);
 }
 
-template <typename scalar_t>
+// D > 0: fp32 cache and a head_dim of D (registers and unrolled loops); D == 0: any dtype
+// and head_dim, scalar loops.
+template <typename scalar_t, int D>
 void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cache,
               const scalar_t* v_cache, const int64_t* block_tables, const int64_t* cu_q,
               const int64_t* context_lens, scalar_t* out, int64_t max_blocks,
@@ -94,10 +158,15 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
     // scores[v][j] for the block's visible keys; keys a vector may not see get -inf.
     for (int64_t j = 0; j < n_keys; ++j) {
       const scalar_t* k_row = k_block + j * row_stride;
-      for (int64_t v = 0; v < nvec; ++v) {
-        scores[v * block_size + j] = (base_pos + j <= last_key[v])
-            ? dot(q_tile.data() + v * head_dim, k_row, head_dim)
-            : -std::numeric_limits<float>::infinity();
+      if constexpr (D > 0) {
+        dot_rows<D>(q_tile.data(), k_row, nvec, scores.data() + j, block_size);
+      } else {
+        for (int64_t v = 0; v < nvec; ++v) {
+          scores[v * block_size + j] = dot(q_tile.data() + v * head_dim, k_row, head_dim);
+        }
+      }
+      for (int64_t v = 0; v < nvec; ++v) {  // causal: a query sees no key after itself
+        if (base_pos + j > last_key[v]) scores[v * block_size + j] = -std::numeric_limits<float>::infinity();
       }
     }
     for (int64_t v = 0; v < nvec; ++v) {
@@ -125,9 +194,13 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
     // acc[v] += sum_j p[v][j] * V[j]: each value row is loaded once for all vectors.
     for (int64_t j = 0; j < n_keys; ++j) {
       const scalar_t* v_row = v_block + j * row_stride;
-      for (int64_t v = 0; v < nvec; ++v) {
-        const float p = scores[v * block_size + j];
-        if (p != 0.f) axpy(p, v_row, acc.data() + v * head_dim, head_dim);
+      if constexpr (D > 0) {
+        accumulate_rows<D>(scores.data() + j, block_size, v_row, nvec, acc.data());
+      } else {
+        for (int64_t v = 0; v < nvec; ++v) {
+          const float p = scores[v * block_size + j];
+          if (p != 0.f) axpy(p, v_row, acc.data() + v * head_dim, head_dim);
+        }
       }
     }
   }
@@ -140,6 +213,39 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
       for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<scalar_t>(acc[v * head_dim + d] * inv);
     }
   }
+}
+
+template <typename scalar_t, int D>
+void run_items(const std::vector<WorkItem>& items, const scalar_t* q, const scalar_t* k,
+               const scalar_t* v, const int64_t* bt, const int64_t* cu_q, const int64_t* ctx,
+               scalar_t* out, int64_t max_blocks, int64_t num_heads, int64_t num_kv_heads,
+               int64_t head_dim, int64_t block_size, float scale) {
+  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      run_item<scalar_t, D>(items[i], q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
+                            num_kv_heads, head_dim, block_size, scale);
+    }
+  });
+}
+
+// fp32 with a head_dim of 64 or 128 takes the register-blocked path; the rest is scalar.
+template <typename scalar_t>
+void launch(const std::vector<WorkItem>& items, const scalar_t* q, const scalar_t* k,
+            const scalar_t* v, const int64_t* bt, const int64_t* cu_q, const int64_t* ctx,
+            scalar_t* out, int64_t max_blocks, int64_t num_heads, int64_t num_kv_heads,
+            int64_t head_dim, int64_t block_size, float scale) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (head_dim == 64) {
+      return run_items<float, 64>(items, q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
+                                  num_kv_heads, head_dim, block_size, scale);
+    }
+    if (head_dim == 128) {
+      return run_items<float, 128>(items, q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
+                                   num_kv_heads, head_dim, block_size, scale);
+    }
+  }
+  run_items<scalar_t, 0>(items, q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
+                         num_kv_heads, head_dim, block_size, scale);
 }
 
 }  // namespace
@@ -185,12 +291,8 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
     const scalar_t* v_ptr = v_cache.data_ptr<scalar_t>();
     const int64_t* bt_ptr = block_tables.data_ptr<int64_t>();
     scalar_t* o_ptr = out.data_ptr<scalar_t>();
-    at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        run_item<scalar_t>(items[i], q_ptr, k_ptr, v_ptr, bt_ptr, cu_q, ctx, o_ptr, max_blocks,
-                           num_heads, num_kv_heads, head_dim, block_size, static_cast<float>(scale));
-      }
-    });
+    launch<scalar_t>(items, q_ptr, k_ptr, v_ptr, bt_ptr, cu_q, ctx, o_ptr, max_blocks, num_heads,
+                     num_kv_heads, head_dim, block_size, static_cast<float>(scale));
   });
   return out;
 }

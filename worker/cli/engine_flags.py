@@ -15,7 +15,8 @@ from typing import Any
 _ENGINE_FIELDS = (
     "model", "dtype", "device", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
     "num_kv_blocks", "kv_cache_memory", "block_size", "policy", "enable_prefix_caching",
-    "enable_chunked_prefill", "attention_backend", "seed", "num_threads",
+    "enable_chunked_prefill", "attention_backend", "seed", "num_threads", "prepack_weights",
+    "num_speculative_tokens", "speculative_max_rows",
 )
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -63,8 +64,15 @@ def add_engine_flags(parser: argparse.ArgumentParser, *, default_model: str = "s
                    help="reuse the KV of shared prompt prefixes")
     g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false",
                    default=None, help="prefill each prompt in one step")
-    g.add_argument("--attention-backend", choices=("torch", "triton"),
-                   help="attention kernels (default: triton on CUDA, torch elsewhere)")
+    g.add_argument("--attention-backend", choices=("torch", "cpu", "triton"),
+                   help="attention kernels (default: triton on CUDA, the native C++ kernel "
+                        "on CPU; torch is the pure-torch reference)")
+    g.add_argument("--no-prepack-weights", dest="prepack_weights", action="store_false",
+                   default=None, help="CPU: plain F.linear instead of oneDNN-prepacked weights")
+    g.add_argument("--num-speculative-tokens", type=int, metavar="K",
+                   help="n-gram draft tokens per greedy sequence per step (default: 0, off)")
+    g.add_argument("--speculative-max-rows", type=int, metavar="N",
+                   help="no drafts beyond N decode rows plus drafts in a step (default: 64)")
     g.add_argument("--seed", type=int, help="seed of requests that do not set their own")
     g.add_argument("--num-threads", type=int, metavar="N", help="torch threads on CPU")
 

@@ -31,6 +31,9 @@ class EngineArgs:
     decode_graphs: bool | None = None  # CUDA graphs for decode steps; None: on with CUDA
     seed: int = 0
     num_threads: int | None = None  # torch intra-op threads on CPU
+    prepack_weights: bool | None = None  # oneDNN-prepacked linears on CPU; None: when available
+    num_speculative_tokens: int = 0  # n-gram drafts per greedy sequence per step; 0 = off
+    speculative_max_rows: int = 64  # decode rows + drafts per step, beyond which no drafts
 
     def __post_init__(self) -> None:
         self.validate()
@@ -43,6 +46,10 @@ class EngineArgs:
             raise InvalidRequestError(f"num_kv_blocks={self.num_kv_blocks}: must be >= 1")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
             raise InvalidRequestError(f"kv_cache_memory={self.kv_cache_memory}: must be > 0 bytes")
+        if self.num_speculative_tokens < 0 or self.speculative_max_rows < 1:
+            raise InvalidRequestError(
+                "num_speculative_tokens must be >= 0 and speculative_max_rows >= 1"
+            )
         if self.max_num_seqs < 1:
             raise InvalidRequestError(f"max_num_seqs={self.max_num_seqs}: must be >= 1")
         if self.max_num_batched_tokens < 1:

@@ -13,16 +13,21 @@ from kernels import get_backend
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineArgs
 from worker.engine.model_runner import ModelRunner, kv_bytes_per_token
+from worker.engine.models.cpu_linear import onednn_available, pack_linears
 from worker.engine.models.llama import LlamaForPackedCausalLM
 from worker.engine.models.loader import load_checkpoint
 from worker.engine.outputs import RequestMetrics, RequestOutput, StepStats
 from worker.engine.sampler import Sampler, make_generator
-from worker.engine.scheduler import Scheduler, SchedulerOutput
+from worker.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from worker.engine.sequence import Sequence, SequenceStatus
+from worker.engine.speculation import NgramSpeculator, accept
 from worker.engine.stopping import StopChecker
 from worker.protocol.sampling_params import InvalidRequestError, SamplingParams
 
 log = logging.getLogger(__name__)
+
+# What one step appends to a sequence: (sequence, [(token, logprob)], drafts it checked).
+Append = tuple[Sequence, list[tuple[int, Any]], int]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -71,6 +76,12 @@ class LLMEngine:
         model.load_hf_state_dict(checkpoint.state_dict)
         del checkpoint
         model.to(device=self.device, dtype=self.dtype).eval()
+        self.prepacked = False
+        if self.device.type == "cpu" and args.prepack_weights is not False:
+            if onednn_available():
+                self.prepacked = pack_linears(model) > 0
+            elif args.prepack_weights:
+                raise InvalidRequestError("prepack_weights=True needs a torch build with oneDNN")
         self.block_size = args.block_size
         num_blocks = self._num_kv_blocks(config)
         self.runner = ModelRunner(
@@ -90,14 +101,21 @@ class LLMEngine:
         self.stop_checker = StopChecker(
             tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len
         )
+        self.speculator = (
+            NgramSpeculator(num_tokens=args.num_speculative_tokens, max_rows=args.speculative_max_rows)
+            if args.num_speculative_tokens > 0 else None
+        )
         self.requests: dict[str, Sequence] = {}  # by internal id (samples of n > 1 get "#k")
         self.groups: dict[str, SampleGroup] = {}  # requests with n > 1, by request id
         self.aborted: list[Sequence] = []
         self.step_index = 0
+        self.total_draft_tokens = 0  # speculative tokens checked, all steps
+        self.total_accepted_tokens = 0  # of them, accepted
         log.info(
-            "engine ready: %s on %s/%s, KV pool %d blocks x %d = %d tokens, backend %s, load %.2fs",
+            "engine ready: %s on %s/%s, KV pool %d blocks x %d = %d tokens, backend %s, "
+            "prepacked weights %s, load %.2fs",
             args.model, self.device, self.dtype, num_blocks, args.block_size,
-            num_blocks * args.block_size, self.runner.backend.name, self.load_seconds,
+            num_blocks * args.block_size, self.runner.backend.name, self.prepacked, self.load_seconds,
         )
 
     # -- set-up helpers ---------------------------------------------------------------
@@ -234,12 +252,14 @@ class LLMEngine:
         start = time.time()
         t0 = time.perf_counter()
         waiting_before = len(self.scheduler.waiting)
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         plan = self.scheduler.schedule()
         t1 = time.perf_counter()
         self.runner.copy_blocks(plan.block_copies)  # copy-on-write, before anything writes
         logits = self.runner.execute(plan.scheduled) if not plan.is_empty else None
         t2 = time.perf_counter()
-        outputs = self._process(plan, logits, start)
+        outputs, num_accepted = self._process(plan, logits, start)
         t3 = time.perf_counter()
         stats = StepStats(
             step=self.step_index,
@@ -260,56 +280,112 @@ class LLMEngine:
             kv_tokens=sum(s.num_computed_tokens for s in self.scheduler.running),
             num_scheduled_seqs=len(plan.scheduled),
             num_waiting_before=waiting_before,
+            num_draft_tokens=plan.num_draft_tokens,
+            num_accepted_tokens=num_accepted,
         )
         self.step_index += 1
+        self.total_draft_tokens += stats.num_draft_tokens
+        self.total_accepted_tokens += num_accepted
         return outputs, stats
 
-    def _process(self, plan: SchedulerOutput, logits: torch.Tensor | None, now: float) -> list[RequestOutput]:
+    def _process(
+        self, plan: SchedulerOutput, logits: torch.Tensor | None, now: float
+    ) -> tuple[list[RequestOutput], int]:
+        """Sample, append, stop-check and evict; returns the outputs and accepted drafts."""
         outputs = [o for seq in self.aborted if (o := self._finish(seq, now)) is not None]
         self.aborted = []
-        sampling = [s for s in plan.scheduled if s.samples]
-        sampled = None
-        if sampling:
-            assert logits is not None, "a step that samples has logits"
-            sampled = self.sampler.sample(logits, [s.seq for s in sampling])
+        sampling = [s for s in plan.scheduled if s.samples]  # before num_computed moves
         for s in plan.scheduled:
             seq = s.seq
-            seq.num_computed_tokens += s.num_new_tokens
+            # Drafts count as computed only once accepted (below).
+            seq.num_computed_tokens += s.num_new_tokens - s.num_draft_tokens
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = now
                 seq.metrics.first_step = self.step_index
             seq.metrics.last_step = self.step_index
             self.block_manager.publish_full_blocks(seq)
-        if sampled is None:
-            return outputs
+        if not sampling:
+            return outputs, 0
+        assert logits is not None, "a step that samples has logits"
+        appends, num_accepted = self._sample(sampling, logits)
         done = time.time()
-        rows = [(s.seq, t, lp) for s, t, lp in zip(sampling, sampled.token_ids, sampled.logprobs, strict=True)]
-        for row, s in enumerate(sampling):
-            group = self.groups.get(s.seq.group_id or "")
-            if group is not None and not group.forked:
-                assert logits is not None
-                rows += self._fork_samples(group, logits[row])
-        for seq, token, logprob in rows:
-            seq.append_token(token, logprob)
-            if seq.metrics.first_token_time is None:
-                seq.metrics.first_token_time = done
-            decision = self.stop_checker.check(
-                prompt_len=seq.num_prompt_tokens, output_token_ids=seq.output_token_ids, params=seq.params
-            )
-            if decision.finish_reason is None and seq.num_output_tokens >= seq.max_tokens:
-                decision.finish_reason = "length"  # max_tokens=None resolved to the context
-            if decision.finish_reason is not None:
-                seq.finish_reason = decision.finish_reason
-                seq.stop_reason = decision.stop_reason
-                if decision.text is not None:
-                    seq.text = decision.text
+        for seq, tokens, num_drafted in appends:
+            new_tokens: list[int] = []
+            finished = False
+            for token, logprob in tokens:
+                seq.append_token(token, logprob)
+                new_tokens.append(token)
+                if seq.metrics.first_token_time is None:
+                    seq.metrics.first_token_time = done
+                if self._check_stop(seq):
+                    finished = True
+                    break
+            if finished:
                 self.scheduler.remove(seq)
-                finished = self._finish(seq, done)
-                if finished is not None:
-                    outputs.append(finished)
+                final = self._finish(seq, done, new_tokens)
+                if final is not None:
+                    outputs.append(final)
+                continue
+            if num_drafted:  # the accepted drafts' K/V were computed in this step
+                seq.num_computed_tokens += len(tokens) - 1
+                self.block_manager.publish_full_blocks(seq)
+            outputs.append(self._output(seq, new_tokens))
+        return outputs, num_accepted
+
+    def _sample(
+        self, sampling: list[ScheduledSequence], logits: torch.Tensor
+    ) -> tuple[list[Append], int]:
+        """Tokens to append per sampling sequence: one drawn by the sampler, or the verified
+        drafts plus one; forked samples of n > 1 requests draw from their leader's row."""
+        plain_rows: list[int] = []
+        draft_rows: list[int] = []
+        row = 0
+        for s in sampling:
+            if s.num_draft_tokens:
+                draft_rows.extend(range(row, row + 1 + s.num_draft_tokens))
             else:
-                outputs.append(self._output(seq, [token]))
-        return outputs
+                plain_rows.append(row)
+            row += 1 + s.num_draft_tokens
+        plain = [s for s in sampling if not s.num_draft_tokens]
+        appends: list[Append] = []
+        if plain:
+            rows_logits = logits if not draft_rows else logits[plain_rows]  # [num_plain, vocab]
+            drawn = self.sampler.sample(rows_logits, [s.seq for s in plain])
+            for i, s in enumerate(plain):
+                appends.append((s.seq, [(drawn.token_ids[i], drawn.logprobs[i])], 0))
+                group = self.groups.get(s.seq.group_id or "")
+                if group is not None and not group.forked:
+                    for child, token, logprob in self._fork_samples(group, rows_logits[i]):
+                        appends.append((child, [(token, logprob)], 0))
+        num_accepted = 0
+        if draft_rows:
+            targets = logits[draft_rows].argmax(dim=-1).tolist()  # [num_draft_rows]
+            offset = 0
+            for s in sampling:
+                if not s.num_draft_tokens:
+                    continue
+                n = 1 + s.num_draft_tokens
+                kept = accept(s.seq.draft_token_ids[: s.num_draft_tokens], targets[offset : offset + n])
+                offset += n
+                num_accepted += len(kept) - 1
+                appends.append((s.seq, [(t, None) for t in kept], s.num_draft_tokens))
+                s.seq.draft_token_ids = []
+        return appends, num_accepted
+
+    def _check_stop(self, seq: Sequence) -> bool:
+        """Apply the stop checker after one appended token; True when the sequence ends."""
+        decision = self.stop_checker.check(
+            prompt_len=seq.num_prompt_tokens, output_token_ids=seq.output_token_ids, params=seq.params
+        )
+        if decision.finish_reason is None and seq.num_output_tokens >= seq.max_tokens:
+            decision.finish_reason = "length"  # max_tokens=None resolved to the context
+        if decision.finish_reason is None:
+            return False
+        seq.finish_reason = decision.finish_reason
+        seq.stop_reason = decision.stop_reason
+        if decision.text is not None:
+            seq.text = decision.text
+        return True
 
     def _fork_samples(self, group: SampleGroup, logits_row: torch.Tensor) -> list[tuple[Sequence, int, Any]]:
         """Create samples 1..n-1 of a request whose prompt was just computed: they share its
@@ -339,7 +415,7 @@ class LLMEngine:
         drawn = self.sampler.sample(batch, children)
         return list(zip(children, drawn.token_ids, drawn.logprobs, strict=True))
 
-    def _finish(self, seq: Sequence, now: float) -> RequestOutput | None:
+    def _finish(self, seq: Sequence, now: float, new_tokens: list[int] | None = None) -> RequestOutput | None:
         """The final output of a finished sequence; for n > 1, of the whole request once its
         last sample ends (None before that)."""
         seq.status = SequenceStatus.FINISHED
@@ -347,7 +423,9 @@ class LLMEngine:
         if seq.text is None:  # a stop string sets it (possibly to ""), else decode now
             seq.text = self.stop_checker.final_text(seq.output_token_ids, seq.params)
         del self.requests[seq.request_id]
-        out = self._output(seq, seq.output_token_ids[-1:] if seq.finish_reason != "abort" else [])
+        if new_tokens is None:
+            new_tokens = seq.output_token_ids[-1:] if seq.finish_reason != "abort" else []
+        out = self._output(seq, new_tokens)
         out.finished = True
         group = self.groups.get(seq.group_id or "")
         if group is None:

@@ -75,12 +75,19 @@ class ModelRunner:
             table = s.seq.block_table[: -(-int(context_lens[i]) // bs)]
             block_tables[i, : len(table)] = table
             input_ids.extend(s.seq.token_ids[starts[i] : context_lens[i]])
+            if s.num_draft_tokens:
+                input_ids.extend(s.seq.draft_token_ids[: s.num_draft_tokens])
         # positions of every token: start_i, start_i + 1, ... for each sequence
         seq_of_token = np.repeat(np.arange(num_seqs), q_lens)  # [num_tokens]
         positions = np.arange(int(cu_q[-1]), dtype=np.int64) - cu_q[seq_of_token] + starts[seq_of_token]
         slot_mapping = block_tables[seq_of_token, positions // bs] * bs + positions % bs
-        sampled = [i for i, s in enumerate(scheduled) if s.samples]
-        logits_indices = cu_q[1:][sampled] - 1
+        # Logits rows: each sampling sequence's last token, plus its drafts' rows before it.
+        rows: list[int] = []
+        for i, s in enumerate(scheduled):
+            if s.samples:
+                end = int(cu_q[i + 1])
+                rows.extend(range(end - 1 - s.num_draft_tokens, end))
+        logits_indices = np.asarray(rows, dtype=np.int64)
         num_decode = int(np.count_nonzero(q_lens == 1))
         dev = self.device
 
@@ -98,7 +105,7 @@ class ModelRunner:
             context_lens=t(context_lens),
             block_tables=t(block_tables),
             num_decode_seqs=num_decode,
-            logits_indices=t(np.asarray(logits_indices, dtype=np.int64)),
+            logits_indices=t(logits_indices),
         )
         ids = t(np.asarray(input_ids, dtype=np.int64))
         return ids, meta
@@ -115,7 +122,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSequence]) -> torch.Tensor:
-        """Run one step; logits ``[num_sampling_seqs, vocab]`` in scheduled order."""
+        """Run one step; logits ``[num_rows, vocab]`` in scheduled order: one row per sampling
+        sequence, ``1 + num_draft_tokens`` rows for one that checks drafts."""
         input_ids, meta = self.build_inputs(scheduled)
         graphs = self.decode_graphs
         if (graphs is not None and meta.num_decode_seqs == meta.num_seqs

@@ -69,6 +69,8 @@ class StepStats:
     kv_tokens: int = 0  # tokens whose K/V sit in allocated blocks after the step
     num_scheduled_seqs: int = 0  # sequences that computed at least one token this step
     num_waiting_before: int = 0  # waiting queue length when the step began
+    num_draft_tokens: int = 0  # speculative tokens checked this step
+    num_accepted_tokens: int = 0  # of them, accepted
 
     @property
     def num_batched_tokens(self) -> int:

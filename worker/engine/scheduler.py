@@ -27,12 +27,14 @@ class ScheduledSequence:
     """A sequence in this step and how many of its tokens it computes now."""
 
     seq: Sequence
-    num_new_tokens: int
+    num_new_tokens: int  # includes the draft tokens
+    num_draft_tokens: int = 0  # speculative tokens after the last sampled one
 
     @property
     def samples(self) -> bool:
         """True when this chunk reaches the sequence's last token, so a token is sampled."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        real = self.num_new_tokens - self.num_draft_tokens
+        return self.seq.num_computed_tokens + real == self.seq.num_tokens
 
 
 @dataclass
@@ -47,13 +49,18 @@ class SchedulerOutput:
 
     @property
     def num_decode_tokens(self) -> int:
-        """Sequences computing exactly one token (they go through decode attention)."""
-        return sum(1 for s in self.scheduled if s.num_new_tokens == 1)
+        """Tokens of decoding sequences: one each, plus their drafts."""
+        return sum(s.num_new_tokens for s in self.scheduled if s.num_new_tokens - s.num_draft_tokens == 1)
 
     @property
     def num_prefill_tokens(self) -> int:
-        """Tokens of chunks longer than one."""
-        return sum(s.num_new_tokens for s in self.scheduled if s.num_new_tokens > 1)
+        """Tokens of prompt (or recompute) chunks longer than one."""
+        return sum(s.num_new_tokens for s in self.scheduled if s.num_new_tokens - s.num_draft_tokens > 1)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Speculative tokens checked this step."""
+        return sum(s.num_draft_tokens for s in self.scheduled)
 
     @property
     def is_empty(self) -> bool:
@@ -144,7 +151,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            uncomputed = seq.num_tokens - seq.num_computed_tokens
+            num_new = min(uncomputed + len(seq.draft_token_ids), budget)
+            del seq.draft_token_ids[max(0, num_new - uncomputed):]  # drafts the budget allows
             target = seq.num_computed_tokens + num_new
             while not bm.can_grow(seq, target):
                 victim = self._pick_victim()
@@ -160,7 +169,7 @@ class Scheduler:
             if bm.needs_copy_on_write(seq):
                 out.block_copies.append(bm.copy_on_write(seq))
             bm.grow(seq, target)
-            out.scheduled.append(ScheduledSequence(seq, num_new))
+            out.scheduled.append(ScheduledSequence(seq, num_new, len(seq.draft_token_ids)))
             budget -= num_new
             i += 1
         return budget
@@ -256,6 +265,7 @@ class Scheduler:
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
+        seq.draft_token_ids = []
         seq.status = SequenceStatus.WAITING
         seq.metrics.num_preemptions += 1
         self.total_preemptions += 1

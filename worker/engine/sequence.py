@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from worker.engine.ngram_proposer import NgramIndex
 from worker.engine.outputs import RequestMetrics, TokenLogprob
 from worker.protocol.sampling_params import SamplingParams
 
@@ -50,6 +51,8 @@ class Sequence:
     max_tokens: int = 0  # resolved from params and the context limit at add time
     group_id: str | None = None  # the user's request id; set on every sample when n > 1
     sample_index: int = 0
+    draft_token_ids: list[int] = field(default_factory=list)  # speculative, checked next step
+    ngram_index: NgramIndex | None = None  # built on the first draft proposal
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

@@ -15,11 +15,14 @@ from worker.engine.bench.metrics import StepRecord, summarize_steps
 from worker.engine.bench.workload import BenchRequest
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.scheduler import Scheduler
+from worker.engine.speculation import NgramSpeculator
 from worker.protocol.sampling_params import SamplingParams
 
 
-def configure(engine: LLMEngine, *, max_num_seqs: int, policy: str) -> Scheduler:
-    """Give ``engine`` a new scheduler with ``max_num_seqs`` slots and ``policy``."""
+def configure(engine: LLMEngine, *, max_num_seqs: int, policy: str,
+              speculative_tokens: int = 0) -> Scheduler:
+    """Give ``engine`` a new scheduler with ``max_num_seqs`` slots and ``policy``, and
+    n-gram drafts of ``speculative_tokens`` per sequence (0: none)."""
     if engine.has_unfinished_requests() or engine.block_manager.num_used_blocks:
         raise RuntimeError("the engine must be drained before it is reconfigured")
     scheduler = Scheduler(
@@ -30,6 +33,10 @@ def configure(engine: LLMEngine, *, max_num_seqs: int, policy: str) -> Scheduler
         enable_chunked_prefill=engine.args.enable_chunked_prefill,
     )
     engine.scheduler = scheduler
+    engine.speculator = None
+    if speculative_tokens:
+        engine.speculator = NgramSpeculator(
+            num_tokens=speculative_tokens, max_rows=engine.args.speculative_max_rows)
     return scheduler
 
 
@@ -48,10 +55,12 @@ def warm_up(engine: LLMEngine, requests: Sequence[BenchRequest], *, max_num_seqs
 
 
 def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], *, name: str,
-               max_num_seqs: int, policy: str) -> dict[str, Any]:
+               max_num_seqs: int, policy: str, speculative_tokens: int = 0) -> dict[str, Any]:
     """Run every request to its max_tokens under one configuration; figures and per-step
     occupancy of the run."""
-    configure(engine, max_num_seqs=max_num_seqs, policy=policy)
+    configure(engine, max_num_seqs=max_num_seqs, policy=policy,
+              speculative_tokens=speculative_tokens)
+    drafted = accepted = 0
     steps: list[StepRecord] = []
     generated = 0
     preemptions = 0
@@ -65,6 +74,8 @@ def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], *, name: str
         wall = time.perf_counter() - ts
         generated += sum(len(o.token_ids) for o in outputs if o.finished)
         preemptions += stats.num_preemptions
+        drafted += stats.num_draft_tokens
+        accepted += stats.num_accepted_tokens
         steps.append(StepRecord(
             scheduled=stats.num_scheduled_seqs, waiting_before=stats.num_waiting_before,
             prefill_tokens=stats.num_prefill_tokens, decode_tokens=stats.num_decode_tokens,
@@ -87,6 +98,9 @@ def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], *, name: str
         "cpu_seconds": cpu_seconds,
         "useful_tokens_per_s": generated / seconds,
         "num_preemptions": preemptions,
+        "speculative_tokens": speculative_tokens,
+        "draft_tokens": drafted,
+        "accepted_draft_tokens": accepted,
         **summarize_steps(steps, max_num_seqs=max_num_seqs, block_size=engine.block_size),
         "occupancy": [s.scheduled for s in steps],
         "waiting": [s.waiting_before for s in steps],
