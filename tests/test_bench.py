@@ -44,7 +44,11 @@ def test_bench_smoke_tiny_llama(tmp_path: Path, capsys) -> None:
                 "targets", "complete"):
         assert key in data
     assert data["complete"] is True
-    assert set(data["runs"]) == {"static-16", "continuous-16", "continuous-64", "hf-16"}
+    assert set(data["runs"]) == {"static-16", "continuous-16", "continuous-64",
+                                 "continuous-64+ngram", "hf-16"}
+    assert data["runs"]["continuous-64+ngram"]["speculative_tokens"] > 0
+    assert data["runs"]["continuous-64"]["draft_tokens"] == 0
+    assert data["runs"]["continuous-64"]["peak_rss_bytes"] > 0
     assert data["workload"]["num_requests"] == 8
     assert 0 < data["workload"]["u_static"] <= 1
     for name, run in data["runs"].items():
@@ -111,3 +115,10 @@ def test_bench_cmd_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_cli_config_names_match_the_runner() -> None:
+    from worker.cli.bench_cmd import _CONFIG_NAMES
+    from worker.engine.bench.runner import CONFIGS
+
+    assert set(_CONFIG_NAMES) == set(CONFIGS)

@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-_CONFIG_NAMES = ("static-16", "continuous-16", "continuous-64", "hf-16")
+_CONFIG_NAMES = ("static-16", "continuous-16", "continuous-64", "continuous-64+ngram", "hf-16")
 _DESCRIPTION = """\
-Time this engine with continuous batching (16 and 64 slots), its static policy (cohorts
-of 16) and Hugging Face generate (left-padded batches of 16) on one fixed workload, in
-one process, and print the ratios, slot utilization, KV waste and scheduler overhead.
+Time this engine with continuous batching (16 and 64 slots, and 64 with n-gram
+speculative decoding), its static policy (cohorts of 16) and Hugging Face generate
+(left-padded batches of 16) on one fixed workload, in one process, and print the ratios, slot utilization, KV waste and scheduler overhead.
 Writes OUT_DIR/bench.json and OUT_DIR/bench_occupancy.png (sequences per step,
 continuous-16 vs static-16)."""
 

@@ -72,7 +72,7 @@ def add_engine_flags(parser: argparse.ArgumentParser, *, default_model: str = "s
     g.add_argument("--num-speculative-tokens", type=int, metavar="K",
                    help="n-gram draft tokens per greedy sequence per step (default: 0, off)")
     g.add_argument("--speculative-max-rows", type=int, metavar="N",
-                   help="no drafts beyond N decode rows plus drafts in a step (default: 64)")
+                   help="no drafts beyond N decode rows plus drafts in a step (default: 128)")
     g.add_argument("--seed", type=int, help="seed of requests that do not set their own")
     g.add_argument("--num-threads", type=int, metavar="N", help="torch threads on CPU")
 

@@ -33,7 +33,7 @@ class EngineArgs:
     num_threads: int | None = None  # torch intra-op threads on CPU
     prepack_weights: bool | None = None  # oneDNN-prepacked linears on CPU; None: when available
     num_speculative_tokens: int = 0  # n-gram drafts per greedy sequence per step; 0 = off
-    speculative_max_rows: int = 64  # decode rows + drafts per step, beyond which no drafts
+    speculative_max_rows: int = 128  # decode rows + drafts per step, beyond which no drafts
 
     def __post_init__(self) -> None:
         self.validate()

@@ -33,16 +33,20 @@ class RunConfig:
     kind: str  # "engine" | "hf"
     slots: int
     policy: str = "fcfs"
+    speculative_tokens: int = 0  # n-gram drafts per sequence per step
 
 
+SPECULATIVE_TOKENS = 8
 CONFIGS: dict[str, RunConfig] = {
     "static-16": RunConfig("engine", 16, "static"),
     "continuous-16": RunConfig("engine", 16, "fcfs"),
     "continuous-64": RunConfig("engine", 64, "fcfs"),
+    "continuous-64+ngram": RunConfig("engine", 64, "fcfs", SPECULATIVE_TOKENS),
     "hf-16": RunConfig("hf", 16),
 }
 COHORT = 16
-TARGETS = {"fraction_of_ideal": 0.85, "slot_utilization_steady": 0.97, "kv_waste": 0.04}
+TARGETS = {"fraction_of_ideal": 0.85, "slot_utilization_steady": 0.97, "kv_waste": 0.04,
+           "over_hf": 5.5}
 OUTPUT_JSON = "bench.json"
 OUTPUT_PNG = "bench_occupancy.png"
 
@@ -65,6 +69,13 @@ class BenchOptions:
 def kv_blocks_for(requests: list[BenchRequest], block_size: int, slots: int) -> int:
     """A pool that holds every request's prompt and output at once (no preemption)."""
     return sum(-(-(len(r.prompt_token_ids) + r.max_tokens) // block_size) for r in requests) + slots
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _machine() -> dict[str, Any]:
@@ -94,7 +105,8 @@ def _ratios(runs: dict[str, dict[str, Any]], u_static: float) -> dict[str, float
     tps = {name: run["useful_tokens_per_s"] for name, run in runs.items()}
     pairs = [("continuous-16", "static-16"), ("continuous-64", "static-16"),
              ("continuous-16", "hf-16"), ("continuous-64", "hf-16"), ("static-16", "hf-16"),
-             ("continuous-64", "continuous-16")]
+             ("continuous-64", "continuous-16"), ("continuous-64+ngram", "hf-16"),
+             ("continuous-64+ngram", "continuous-64")]
     out = {f"{a} / {b}": ratio(tps[a], tps[b]) for a, b in pairs if a in tps and b in tps}
     # The same ratios on CPU time: less sensitive to other load when running on one thread.
     cpu = {name: run["useful_tokens"] / run["cpu_seconds"] for name, run in runs.items()
@@ -115,6 +127,12 @@ def _targets(runs: dict[str, dict[str, Any]], ratios: dict[str, float | None]
         targets["continuous-16 over static-16 >= 0.85 of 1/U_static"] = {
             "value": frac, "threshold": TARGETS["fraction_of_ideal"],
             "met": frac >= TARGETS["fraction_of_ideal"]}
+    for name in ("continuous-64", "continuous-64+ngram"):
+        over_hf = ratios.get(f"{name} / hf-16")
+        if over_hf is not None:
+            targets[f"{name} over hf-16 >= 5.5"] = {
+                "value": over_hf, "threshold": TARGETS["over_hf"],
+                "met": over_hf >= TARGETS["over_hf"]}
     for name, run in runs.items():
         if run["kind"] != "engine" or run["policy"] == "static":
             continue
@@ -192,7 +210,8 @@ def run_benchmark(opts: BenchOptions, say: Callable[[str], None] = print) -> dic
             cfg = CONFIGS[name]
             say(f"running {name} ...")
             runs[name] = run_engine(engine, requests, name=name, max_num_seqs=cfg.slots,
-                                    policy=cfg.policy)
+                                    policy=cfg.policy, speculative_tokens=cfg.speculative_tokens)
+            runs[name]["peak_rss_bytes"] = peak_rss_bytes()  # the engine's, before HF loads
             say(f"  {runs[name]['useful_tokens_per_s']:.1f} tok/s in "
                 f"{runs[name]['wall_seconds']:.1f}s, {runs[name]['num_steps']} steps")
             write()
@@ -221,14 +240,19 @@ def format_report(result: dict[str, Any]) -> str:
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{100 * v:.1f}%"
 
-    lines = [f"{'config':<15}{'tok/s':>9}{'wall s':>9}{'steps':>7}{'util':>8}{'steady':>8}"
-             f"{'KV waste':>10}{'sched':>8}{'ms/step':>9}"]
+    lines = [f"{'config':<21}{'tok/s':>9}{'wall s':>9}{'steps':>7}{'util':>8}{'steady':>8}"
+             f"{'KV waste':>10}{'sched':>8}{'ms/step':>9}{'RSS MB':>8}"]
     for name, r in result["runs"].items():
+        rss = r.get("peak_rss_bytes")
         lines.append(
-            f"{name:<15}{r['useful_tokens_per_s']:>9.1f}{r['wall_seconds']:>9.1f}"
+            f"{name:<21}{r['useful_tokens_per_s']:>9.1f}{r['wall_seconds']:>9.1f}"
             f"{r['num_steps']:>7}{pct(r.get('slot_utilization')):>8}"
             f"{pct(r.get('slot_utilization_steady')):>8}{pct(r.get('kv_waste')):>10}"
-            f"{pct(r.get('scheduler_overhead')):>8}{r['mean_step_ms'] or 0:>9.1f}")
+            f"{pct(r.get('scheduler_overhead')):>8}{r['mean_step_ms'] or 0:>9.1f}"
+            f"{'-' if rss is None else f'{rss / 2**20:.0f}':>8}")
+        if r.get("draft_tokens"):
+            lines.append(f"{'':<21}drafts {r['draft_tokens']}, accepted "
+                         f"{r['accepted_draft_tokens']} ({pct(r['accepted_draft_tokens'] / r['draft_tokens'])})")
     w = result["workload"]
     lines.append(f"U_static={w['u_static']:.3f}  ideal 1/U_static={w['ideal_speedup']:.3f}  "
                  f"FCFS step bound={w['fcfs_step_bound']:.3f}")
