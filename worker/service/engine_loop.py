@@ -247,7 +247,8 @@ class EngineLoop:
         self._idle_step_errors = 0
         self.steps += 1
         self.last_stats = stats
-        self.generated_tokens += len(outputs)  # one new token per output (aborts aside)
+        # new tokens of this step (several per output when drafts were accepted)
+        self.generated_tokens += sum(len(getattr(o, "new_token_ids", ())) for o in outputs)
         if stats.num_preemptions:
             self.preemptions_total += stats.num_preemptions
             if self._note_preemptions:
