@@ -148,7 +148,7 @@ def _acked_job_ids(redis_client, keys) -> set[str]:
 
 def test_postgres_unreachable_for_a_few_seconds(migrated_pg, session_factory, redis_client, keys, tmp_path) -> None:
     ensure_groups(redis_client=redis_client, keys=keys)
-    ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=prompt_jobs(100, max_tokens=8))
+    ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=prompt_jobs(100, max_tokens=48))
     proxy = TcpProxy(5432)
     via_proxy = migrated_pg.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
     w = start_worker(db_url=via_proxy, redis_url=REDIS_URL, prefix=keys.prefix, name="pg", log_path=tmp_path / "w.log",
@@ -180,9 +180,11 @@ def test_postgres_unreachable_for_a_few_seconds(migrated_pg, session_factory, re
 
 def test_sigterm_drains_and_second_signal_stops_at_once(migrated_pg, session_factory, redis_client, keys, tmp_path) -> None:
     ensure_groups(redis_client=redis_client, keys=keys)
-    ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=prompt_jobs(24, max_tokens=24))
+    ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=prompt_jobs(24, max_tokens=160))
     log = tmp_path / "w.log"
-    w = start_worker(db_url=migrated_pg, redis_url=REDIS_URL, prefix=keys.prefix, name="d", log_path=log)
+    # four slots: at SIGTERM most jobs are still queued or buffered, and are handed back
+    w = start_worker(db_url=migrated_pg, redis_url=REDIS_URL, prefix=keys.prefix, name="d", log_path=log,
+                     extra=["--max-num-seqs", "4"])
     wait_for(lambda: _counts(session_factory).get("succeeded", 0) >= 3, timeout=90, what="first results")
     t0 = time.monotonic()
     w.send_signal(signal.SIGTERM)
@@ -198,7 +200,7 @@ def test_sigterm_drains_and_second_signal_stops_at_once(migrated_pg, session_fac
         assert _counts(session_factory) == {"succeeded": 24}
         # second signal during a drain: stop at once, without waiting for the long jobs
         long = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys,
-                       jobs=[NewJob(request={"url": "/v1/completions", "body": {"prompt": "go", "max_tokens": 200, "ignore_eos": True}})
+                       jobs=[NewJob(request={"url": "/v1/completions", "body": {"prompt": "go", "max_tokens": 900, "ignore_eos": True}})
                              for _ in range(4)])
         wait_for(lambda: _counts(session_factory).get("running", 0) >= 4, timeout=30, what="long jobs to start")
         w2.send_signal(signal.SIGTERM)

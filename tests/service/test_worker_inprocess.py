@@ -4,6 +4,7 @@ traces, redelivery of a finished job, drain."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -24,7 +25,15 @@ pytestmark = pytest.mark.services
 def _engine(config: WorkerConfig):
     from worker.engine import EngineArgs, LLMEngine
 
-    return LLMEngine(EngineArgs(model="tiny-llama", max_num_seqs=8, num_kv_blocks=64, max_model_len=256))
+    class PacedEngine(LLMEngine):
+        """The tiny model finishes a 240-token job in well under a second; 10 ms per step
+        leaves the test a few seconds to see the long job running and cancel it."""
+
+        def step(self):
+            time.sleep(0.01)
+            return super().step()
+
+    return PacedEngine(EngineArgs(model="tiny-llama", max_num_seqs=8, num_kv_blocks=64, max_model_len=256))
 
 
 def test_worker_runs_jobs_and_isolates_bad_ones(migrated_pg, session_factory, redis_client, keys) -> None:
@@ -40,7 +49,7 @@ def test_worker_runs_jobs_and_isolates_bad_ones(migrated_pg, session_factory, re
     ]
     bad = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=bad_jobs)
     long = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys,
-                   jobs=[NewJob(request={"url": "/v1/completions", "body": {"prompt": "go", "max_tokens": 150, "ignore_eos": True}}, queue_class="interactive")])
+                   jobs=[NewJob(request={"url": "/v1/completions", "body": {"prompt": "go", "max_tokens": 240, "ignore_eos": True}}, queue_class="interactive")])
     w = Worker(config, engine_factory=_engine, install_signals=False)
     t = threading.Thread(target=w.run)
     t.start()
@@ -69,7 +78,7 @@ def test_worker_runs_jobs_and_isolates_bad_ones(migrated_pg, session_factory, re
         assert jobs[bad[0]].status == "failed" and "bogus" in jobs[bad[0]].error
         assert jobs[bad[1]].status == "failed" and "context" in jobs[bad[1]].error
         assert jobs[bad[2]].status in ("succeeded", "failed")  # depends on the tiny model's chat template
-        assert jobs[long[0]].status == "cancelled" and (jobs[long[0]].completion_tokens or 0) < 150
+        assert jobs[long[0]].status == "cancelled" and (jobs[long[0]].completion_tokens or 0) < 240
         ok = jobs[good[-1]]
         assert ok.first_step is not None and ok.last_step >= ok.first_step and ok.first_token_at is not None
         steps = iterations_of_job(session=s, job_id=ok.id)

@@ -28,7 +28,8 @@ class WorkerConfig:
     worker_timeout: float = 30.0  # a worker silent this long is dead (for the reconciler)
     trim_interval: float = 30.0
     cancel_poll_interval: float = 0.2
-    flush_interval: float = 0.005  # the writer commits at most this often (one transaction)
+    trace_flush_interval: float = 1.0  # step traces alone are committed at most this often
+    trace_flush_rows: int = 256  # ... or once this many are buffered
     drain_timeout: float = 30.0  # SIGTERM: finish in-flight work for at most this long
     write_traces: bool = True
     max_unwritten: int = 10_000  # stop reading while this many results wait for the store

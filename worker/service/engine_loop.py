@@ -164,7 +164,10 @@ class EngineLoop:
                 else self.engine.admission_capacity()
             )
             self._capacity = cap
-        if cap > 0 or self.buffer:
+            wanted = cap + self.config.prefetch - len(self.buffer)
+        # Wake the intake only when it has something to read: a wake-up on every step costs
+        # the engine's matmuls a core's time slice on a small machine.
+        if wanted > 0 and not self.isolate and self.isolated_active is None:
             self.want_changed.set()
 
     def _admit(self) -> None:

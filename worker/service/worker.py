@@ -56,6 +56,12 @@ class Worker:
         self.flags = Flags()
         self.stats: dict[str, Any] = {}
         self.loop: EngineLoop | None = None
+        self.writer: OutputWriter | None = None
+
+    @property
+    def results_written(self) -> int:
+        """Job results committed to the store by this run so far (0 before it starts)."""
+        return self.writer.written if self.writer is not None else 0
 
     def stop(self) -> None:
         """Ask the worker to drain (as SIGTERM does)."""
@@ -111,7 +117,10 @@ class Worker:
             flags=self.flags,
             worker_id=worker_id,
             observer=observer,
+            trace_flush_interval=c.trace_flush_interval,
+            trace_flush_rows=c.trace_flush_rows,
         )
+        self.writer = writer
         intake: Intake | None = None
         loop = EngineLoop(
             engine=engine,

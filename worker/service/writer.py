@@ -68,6 +68,8 @@ class OutputWriter:
         flags: Flags,
         worker_id: str,
         observer: JobObserver | None = None,
+        trace_flush_interval: float = 1.0,
+        trace_flush_rows: int = 256,
     ) -> None:
         self.session_factory = session_factory
         self.redis = redis_client
@@ -81,6 +83,13 @@ class OutputWriter:
         self.unwritten = 0  # results put but not yet committed (read by the intake)
         self.written = 0
         self.transactions = 0
+        # Step traces alone wait (up to trace_flush_interval or trace_flush_rows) and ride
+        # along with the next result commit: one commit per engine step would cost the
+        # database server CPU the engine needs on a small machine.
+        self.trace_flush_interval = trace_flush_interval
+        self.trace_flush_rows = trace_flush_rows
+        self._rows: list[dict[str, Any]] = []
+        self._rows_since = 0.0
         self._thread = threading.Thread(target=self._run, name="output-writer", daemon=True)
 
     # -- producer side --------------------------------------------------------------------
@@ -103,24 +112,39 @@ class OutputWriter:
 
     def _run(self) -> None:
         while not self.flags.stop_now.is_set():
+            items: list[Any] = []
             try:
-                first = self.inbox.get(timeout=0.05)
+                items.append(self.inbox.get(timeout=0.05))
             except queue.Empty:
-                if self.closing.is_set():
+                if self.closing.is_set() and not self._rows:
                     return
-                continue
-            items = [first]
             while True:
                 try:
                     items.append(self.inbox.get_nowait())
                 except queue.Empty:
                     break
+            rows = [i for i in items if isinstance(i, dict)]
+            if rows and not self._rows:
+                self._rows_since = time.monotonic()
+            self._rows += rows
+            others = [i for i in items if not isinstance(i, dict)]
+            if not others and not self._traces_due():
+                continue
+            batch, self._rows = others + self._rows, []
             try:
-                self._handle(items)
+                self._handle(batch)
             except Exception:
                 if self.flags.stop_now.is_set():
                     return
-                log.exception("output writer failed on a batch of %d items", len(items))
+                log.exception("output writer failed on a batch of %d items", len(batch))
+
+    def _traces_due(self) -> bool:
+        """Buffered step traces must be written now (old, many, or closing)."""
+        return bool(self._rows) and (
+            self.closing.is_set()
+            or len(self._rows) >= self.trace_flush_rows
+            or time.monotonic() - self._rows_since >= self.trace_flush_interval
+        )
 
     def _handle(self, items: list[Any]) -> None:
         finished = [i for i in items if isinstance(i, Finished)]
