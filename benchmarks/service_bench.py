@@ -206,9 +206,12 @@ def bench_throughput(args: argparse.Namespace, env: Env) -> dict:
     baseline()  # warm-up
     results: dict[str, list[float]] = {"engine": [], "service": []}
     details: list[dict[str, Any]] = []
+    # Each service run is bracketed by engine runs and compared with their mean: the
+    # engine's own speed drifts over minutes on this machine (it fell from 272 to 236 tok/s
+    # over three back-to-back rounds), so an engine run only before each service run would
+    # charge the drift to the service.
+    before_secs, tokens = baseline()
     for _ in range(args.rounds):
-        secs, tokens = baseline()
-        results["engine"].append(tokens / secs)
         jobs = [NewJob(request={"url": "/v1/completions", "body": {
             "prompt": r.prompt_token_ids, "max_tokens": r.max_tokens, "temperature": 0, "ignore_eos": True}})
             for r in reqs]
@@ -217,17 +220,24 @@ def bench_throughput(args: argparse.Namespace, env: Env) -> dict:
         secs, stats = run_worker(env, engine, before + len(jobs), prefetch=args.prefetch)
         details.append({k: stats.get(k) for k in ("steps", "transactions", "startup_seconds",
                                                    "seconds_after_first_result")}
-                       | {"seconds": round(secs, 2), "engine_seconds": round(tokens / results["engine"][-1], 2)})
+                       | {"seconds": round(secs, 2), "engine_seconds_before": round(before_secs, 2)})
         with env.db.connect() as c:
             from sqlalchemy import text
             svc_tokens = c.execute(text("SELECT sum(completion_tokens) FROM jobs WHERE id = ANY(:ids)"),
                                    {"ids": [j.id for j in jobs]}).scalar()
         assert svc_tokens == tokens, (svc_tokens, tokens)
         results["service"].append(svc_tokens / secs)
+        after_secs, _ = baseline()
+        results["engine"].append(tokens / ((before_secs + after_secs) / 2))
+        before_secs = after_secs
+    # each service run over the mean of the engine runs just before and after it
+    pairs = [round(a / b, 3) for a, b in zip(results["service"], results["engine"], strict=True)]
     eng = sorted(results["engine"])[len(results["engine"]) // 2]
     svc = sorted(results["service"])[len(results["service"]) // 2]
     return {"model": args.model, "requests": len(reqs), "tokens": tokens,
             "engine_tok_s": round(eng, 1), "service_tok_s": round(svc, 1), "ratio": round(svc / eng, 3),
+            "round_ratios": pairs,
+            "paired_ratio_median": sorted(pairs)[len(pairs) // 2],
             "rounds": {k: [round(x, 1) for x in v] for k, v in results.items()},
             "service_runs": details}
 
