@@ -97,12 +97,25 @@ def load_checkpoint(spec: str, dtype: torch.dtype = torch.float32) -> Checkpoint
 
     start = time.perf_counter()
     where = resolve_checkpoint_dir(spec)
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(where)
-    state_dict = {name: t.detach() for name, t in model.state_dict().items()}
+    files = sorted(Path(where).glob("*.safetensors")) if Path(where).is_dir() else []
+    if files:
+        # Read the tensors directly: building the HF model first imports its modeling code
+        # and leaves ~190 MB of the process's memory behind after it is dropped.
+        from safetensors.torch import load_file
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(where)
+        state_dict = {}
+        for f in files:
+            state_dict.update({k: v.to(dtype) for k, v in load_file(f).items()})
+    else:  # .bin checkpoints, hub ids: let transformers load them
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+        config = model.config
+        state_dict = {name: t.detach() for name, t in model.state_dict().items()}
     seconds = time.perf_counter() - start
     log.info("loaded %s from %s in %.2fs", spec, where, seconds)
-    return Checkpoint(spec, Path(where), model.config, state_dict, tokenizer, seconds)
+    return Checkpoint(spec, Path(where), config, state_dict, tokenizer, seconds)
 
 
 def _cached_gguf_conversion(gguf: Path, name: str) -> Path:
