@@ -40,6 +40,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--dtype")
     g.add_argument("--enable-prefix-caching", action="store_true", default=None)
     g.add_argument("--num-threads", type=int)
+    g.add_argument("--attention-backend", choices=("torch", "cpu", "triton"))
+    g.add_argument("--no-prepack-weights", dest="prepack_weights", action="store_false", default=None)
+    g.add_argument("--num-speculative-tokens", type=int, metavar="K",
+                   help="n-gram draft tokens per greedy job per step (default: 0, off)")
+    g.add_argument("--speculative-max-rows", type=int, metavar="N")
     q = p.add_argument_group("queue")
     q.add_argument("--prefetch", type=int, default=4, help="jobs read ahead of engine capacity")
     q.add_argument(
@@ -64,6 +69,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 ENGINE_FLAGS = (
     "max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "kv_cache_memory", "max_model_len",
     "block_size", "policy", "device", "dtype", "enable_prefix_caching", "num_threads",
+    "attention_backend", "prepack_weights", "num_speculative_tokens", "speculative_max_rows",
 )  # fmt: skip
 
 

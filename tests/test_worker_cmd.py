@@ -1,0 +1,26 @@
+"""``inflight worker`` flags reach the engine arguments (no services needed)."""
+
+from __future__ import annotations
+
+from worker.cli.main import build_parser
+from worker.cli.worker_cmd import config_from_args
+
+
+def test_engine_flags_become_engine_kwargs(monkeypatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", "sqlite:///x.db")
+    args = build_parser("worker").parse_args([
+        "worker", "--model", "tiny-llama", "--max-num-seqs", "8", "--num-speculative-tokens", "4",
+        "--speculative-max-rows", "32", "--attention-backend", "torch", "--no-prepack-weights",
+    ])
+    config = config_from_args(args)
+    assert config.model == "tiny-llama"
+    assert config.engine_kwargs == {
+        "max_num_seqs": 8, "num_speculative_tokens": 4, "speculative_max_rows": 32,
+        "attention_backend": "torch", "prepack_weights": False,
+    }
+
+
+def test_unset_engine_flags_keep_the_engine_defaults(monkeypatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", "sqlite:///x.db")
+    config = config_from_args(build_parser("worker").parse_args(["worker"]))
+    assert config.engine_kwargs == {}
