@@ -10,6 +10,7 @@ through a ``BatchSpanProcessor``, metrics through a ``PeriodicExportingMetricRea
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -110,48 +111,48 @@ def _otlp_protocol(signal: str) -> str:
     return proto.strip().lower()
 
 
-def _span_exporter(name: str) -> Any | None:
+# signal -> (console exporter, OTLP/gRPC exporter, OTLP/HTTP exporter), as "module:Class"
+_EXPORTERS = {
+    "traces": (
+        "opentelemetry.sdk.trace.export:ConsoleSpanExporter",
+        "opentelemetry.exporter.otlp.proto.grpc.trace_exporter:OTLPSpanExporter",
+        "opentelemetry.exporter.otlp.proto.http.trace_exporter:OTLPSpanExporter",
+    ),
+    "metrics": (
+        "opentelemetry.sdk.metrics.export:ConsoleMetricExporter",
+        "opentelemetry.exporter.otlp.proto.grpc.metric_exporter:OTLPMetricExporter",
+        "opentelemetry.exporter.otlp.proto.http.metric_exporter:OTLPMetricExporter",
+    ),
+}
+
+
+def _instantiate(path: str) -> Any:
+    module_name, class_name = path.split(":")
+    return getattr(importlib.import_module(module_name), class_name)()
+
+
+def _exporter(signal: str, name: str) -> Any | None:
+    """The exporter ``name`` (console or otlp) for ``signal`` (traces or metrics)."""
+    console, grpc, http = _EXPORTERS[signal]
     if name == "console":
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-        return ConsoleSpanExporter()
+        return _instantiate(console)
     if name == "otlp":
-        if _otlp_protocol("TRACES") == "grpc":
+        if _otlp_protocol(signal.upper()) == "grpc":
             try:
-                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-                    OTLPSpanExporter as GrpcSpanExporter,
-                )
-
-                return GrpcSpanExporter()
+                return _instantiate(grpc)
             except ImportError:
-                log.warning("OTLP gRPC exporter not installed; sending traces over http/protobuf")
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter()
-    log.warning("unknown traces exporter %r ignored (expected otlp, console or none)", name)
+                log.warning("OTLP gRPC exporter not installed; sending %s over http/protobuf", signal)
+        return _instantiate(http)
+    log.warning("unknown %s exporter %r ignored (expected otlp, console or none)", signal, name)
     return None
+
+
+def _span_exporter(name: str) -> Any | None:
+    return _exporter("traces", name)
 
 
 def _metric_exporter(name: str) -> Any | None:
-    if name == "console":
-        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
-
-        return ConsoleMetricExporter()
-    if name == "otlp":
-        if _otlp_protocol("METRICS") == "grpc":
-            try:
-                from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-                    OTLPMetricExporter as GrpcMetricExporter,
-                )
-
-                return GrpcMetricExporter()
-            except ImportError:
-                log.warning("OTLP gRPC exporter not installed; sending metrics over http/protobuf")
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-        return OTLPMetricExporter()
-    log.warning("unknown metrics exporter %r ignored (expected otlp, console or none)", name)
-    return None
+    return _exporter("metrics", name)
 
 
 def _resource(service_name: str) -> Any:
