@@ -175,7 +175,7 @@ def test_plot_writes_a_png(db_url: str, tmp_path, capsys: pytest.CaptureFixture[
     assert not (tmp_path / "q.png").exists()
 
 
-def test_restarted_worker_reusing_step_numbers_is_flagged(tmp_path) -> None:
+def test_rows_older_than_the_job_are_flagged(tmp_path) -> None:
     from worker.store.migrate import upgrade
 
     url = f"sqlite:///{tmp_path / 'restart.db'}"

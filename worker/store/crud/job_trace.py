@@ -27,8 +27,9 @@ from sqlalchemy.orm import Session
 
 from worker.store.models import Iteration, Job, JobStatus
 
-# a step row that started this long before the job was queued cannot be the job's: its
-# worker restarted under the same name and numbered its steps from 0 again
+# a step row that started this long before the job was queued cannot be the job's (worker
+# ids carry a per-process suffix, so this means clock skew between hosts or rows written
+# under a worker id reused by hand)
 _CLOCK_SLACK = timedelta(seconds=1)
 
 
@@ -357,8 +358,8 @@ def job_trace(*, session: Session, job_id: str, longest: int = 5) -> JobTrace | 
     starts = [p.start for p in own if p.start is not None]
     if starts and job.queued_at is not None and min(starts) < job.queued_at - _CLOCK_SLACK:
         trace.notes.append(
-            "iterations rows of these steps predate the job: its worker restarted under the "
-            "same name and reused step numbers, so the batch figures are not this job's"
+            "iterations rows of these steps predate the job (clock skew between hosts, or "
+            "reused step numbers under one worker id), so the batch figures are not this job's"
         )
     return trace
 
