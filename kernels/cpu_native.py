@@ -43,15 +43,6 @@ def load_extension() -> ModuleType:
     )
 
 
-def is_available() -> bool:
-    """Whether the extension builds and loads on this machine."""
-    try:
-        load_extension()
-    except Exception:  # no compiler, no ninja, a failed build: the caller falls back
-        return False
-    return True
-
-
 def decode_attention(
     query: torch.Tensor,  # [num_seqs, num_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]

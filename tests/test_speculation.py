@@ -81,3 +81,45 @@ def test_drafts_survive_preemption_prefix_caching_and_stop_strings() -> None:
     assert [g.text for g in got] == [w.text for w in want]
     assert spec.engine.scheduler.total_preemptions > 0  # the small pool forced recompute
     assert spec.engine.total_accepted_tokens > 0
+
+
+def test_drafts_are_dropped_rather_than_preempting_another_sequence() -> None:
+    from tests.test_policies import make_scheduler, make_seq, step
+
+    sched = make_scheduler("fcfs", blocks=4, seqs=2)  # 4 blocks of 4 tokens
+    a, b = make_seq(7, 20), make_seq(7, 20)
+    sched.add(a)
+    sched.add(b)
+    step(sched)  # both prefill: 7 tokens + the sampled one = 2 blocks each, pool full
+    assert sched.block_manager.num_free_blocks == 0
+    a.draft_token_ids = [7, 7, 7]  # would need a third block
+    out = sched.schedule()
+    assert not out.preempted  # the guesses went, not b
+    assert [s.num_draft_tokens for s in out.scheduled] == [0, 0]
+    assert a.draft_token_ids == []
+
+
+def test_drafts_that_fit_in_free_blocks_are_kept() -> None:
+    from tests.test_policies import make_scheduler, make_seq, step
+
+    sched = make_scheduler("fcfs", blocks=8, seqs=2)
+    a = make_seq(7, 20)
+    sched.add(a)
+    step(sched)
+    a.draft_token_ids = [7, 7, 7]
+    out = sched.schedule()
+    assert [(s.num_new_tokens, s.num_draft_tokens) for s in out.scheduled] == [(4, 3)]
+
+
+def test_generate_refuses_non_integer_token_ids_and_takes_numpy_ints() -> None:
+    import numpy as np
+
+    from worker.protocol.sampling_params import InvalidRequestError
+
+    llm = LLM("tiny-llama", num_kv_blocks=32)
+    params = SamplingParams(temperature=0.0, max_tokens=3)
+    for bad in ([1.7, 2.0], [True, 5]):
+        with pytest.raises(InvalidRequestError, match="token ids must be integers"):
+            llm.generate([bad], params, use_tqdm=False)
+    out = llm.generate([np.array([5, 6, 7])], params, use_tqdm=False)[0]
+    assert out.prompt_token_ids == [5, 6, 7] and len(out.token_ids) == 3

@@ -270,6 +270,11 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   TORCH_CHECK(num_heads % num_kv_heads == 0, "paged_attention: heads not a multiple of KV heads");
   TORCH_CHECK(k_cache.size(3) == head_dim, "paged_attention: head_dim mismatch");
+  TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), "paged_attention: K and V caches differ in shape");
+  TORCH_CHECK(cu_seqlens_q.size(0) == num_seqs + 1,
+              "paged_attention: cu_seqlens_q must have one entry more than context_lens");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) >= num_seqs,
+              "paged_attention: block_tables needs a row per sequence");
   const int64_t max_blocks = block_tables.size(1);
   const int64_t* cu_q = cu_seqlens_q.data_ptr<int64_t>();
   const int64_t* ctx = context_lens.data_ptr<int64_t>();
@@ -277,6 +282,8 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
   std::vector<WorkItem> items;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = cu_q[s + 1] - cu_q[s];
+    TORCH_CHECK(q_len >= 0 && cu_q[s] >= 0 && cu_q[s + 1] <= query.size(0),
+                "paged_attention: cu_seqlens_q out of order or past the queries");
     TORCH_CHECK(q_len <= ctx[s], "paged_attention: more queries than context");
     TORCH_CHECK((ctx[s] + block_size - 1) / block_size <= max_blocks || q_len == 0,
                 "paged_attention: block table too short");

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -10,7 +11,17 @@ from tqdm import tqdm
 from worker.engine.config import EngineArgs
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.outputs import RequestOutput
-from worker.protocol.sampling_params import SamplingParams
+from worker.protocol.sampling_params import InvalidRequestError, SamplingParams
+
+
+def _token_ids(prompt: Seq[Any]) -> list[int]:
+    """Token ids as Python ints (numpy and torch integers accepted); anything else is refused."""
+    try:
+        if any(isinstance(t, bool) for t in prompt):
+            raise TypeError
+        return [operator.index(t) for t in prompt]
+    except TypeError:
+        raise InvalidRequestError("prompt token ids must be integers") from None
 
 Prompt = str | list[int]
 
@@ -41,7 +52,7 @@ class LLM:
             if isinstance(p, str):
                 encoded.append((p, self.engine.tokenize(prompt=p)))
             else:
-                encoded.append((None, [int(t) for t in p]))
+                encoded.append((None, _token_ids(p)))
         return self._run(encoded, sampling_params, use_tqdm)
 
     def chat(

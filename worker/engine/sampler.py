@@ -134,11 +134,13 @@ class SamplerOutput:
     logprobs: list[TokenLogprob | None]  # None where params.logprobs is None
 
 
-def _is_greedy(params: SamplingParams) -> bool:
+def is_greedy(params: SamplingParams) -> bool:
+    """Whether rows with these params take the argmax."""
     return params.temperature < GREEDY_TEMPERATURE_EPS
 
 
-def _needs_penalties(params: SamplingParams) -> bool:
+def needs_penalties(params: SamplingParams) -> bool:
+    """Whether these params change the logits by what was generated before."""
     return (
         params.repetition_penalty != 1.0
         or params.presence_penalty != 0.0
@@ -170,7 +172,7 @@ class Sampler:
         logits = logits.float()  # [R, V]; no copy when already float32
         logits = self._apply_penalties_and_masks(logits, rows)  # a copy if anything changed
 
-        greedy_rows = [i for i, row in enumerate(rows) if _is_greedy(row.params)]
+        greedy_rows = [i for i, row in enumerate(rows) if is_greedy(row.params)]
         if len(greedy_rows) == len(rows):
             tokens = logits.argmax(dim=-1)  # [R]: the all-greedy fast path
         else:
@@ -178,7 +180,7 @@ class Sampler:
             if greedy_rows:
                 g_idx = self._index(greedy_rows, logits.device)  # [G]
                 tokens[g_idx] = logits[g_idx].argmax(dim=-1)
-            sampled_rows = [i for i, row in enumerate(rows) if not _is_greedy(row.params)]
+            sampled_rows = [i for i, row in enumerate(rows) if not is_greedy(row.params)]
             s_idx = self._index(sampled_rows, logits.device)  # [S]
             tokens[s_idx] = self._sample_rows(logits[s_idx], [rows[i] for i in sampled_rows])
 
@@ -233,7 +235,7 @@ class Sampler:
         either, else a modified copy."""
         vocab = logits.shape[1]
         device = logits.device
-        penalized = [i for i, row in enumerate(rows) if _needs_penalties(row.params)]
+        penalized = [i for i, row in enumerate(rows) if needs_penalties(row.params)]
         under_min = [
             i for i, row in enumerate(rows) if len(row.output_token_ids) < row.params.min_tokens
         ]

@@ -153,8 +153,11 @@ class Scheduler:
             seq = self.running[i]
             uncomputed = seq.num_tokens - seq.num_computed_tokens
             num_new = min(uncomputed + len(seq.draft_token_ids), budget)
-            del seq.draft_token_ids[max(0, num_new - uncomputed):]  # drafts the budget allows
             target = seq.num_computed_tokens + num_new
+            if seq.draft_token_ids and not bm.can_grow(seq, target):
+                num_new = min(uncomputed, budget)  # guesses never cost another's KV
+                target = seq.num_computed_tokens + num_new
+            del seq.draft_token_ids[max(0, num_new - uncomputed):]  # drafts that fit
             while not bm.can_grow(seq, target):
                 victim = self._pick_victim()
                 if self.running.index(victim) < i:  # already planned this step: give back

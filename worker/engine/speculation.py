@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from worker.engine.ngram_proposer import NgramIndex
-from worker.engine.sampler import GREEDY_TEMPERATURE_EPS
+from worker.engine.sampler import is_greedy, needs_penalties
 from worker.engine.sequence import Sequence
 
 
@@ -26,10 +26,8 @@ def is_eligible(seq: Sequence) -> bool:
     logprobs, sibling samples or a pending min_tokens mask, that is decoding now."""
     p = seq.params
     return (
-        p.temperature < GREEDY_TEMPERATURE_EPS
-        and p.repetition_penalty == 1.0
-        and p.presence_penalty == 0.0
-        and p.frequency_penalty == 0.0
+        is_greedy(p)
+        and not needs_penalties(p)
         and p.logprobs is None
         and seq.group_id is None
         and seq.num_output_tokens >= max(1, p.min_tokens)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -98,7 +99,7 @@ def load_checkpoint(spec: str, dtype: torch.dtype = torch.float32) -> Checkpoint
     start = time.perf_counter()
     where = resolve_checkpoint_dir(spec)
     tokenizer = AutoTokenizer.from_pretrained(where)
-    files = sorted(Path(where).glob("*.safetensors")) if Path(where).is_dir() else []
+    files = _safetensors_files(Path(where)) if Path(where).is_dir() else []
     if files:
         # Read the tensors directly: building the HF model first imports its modeling code
         # and leaves ~190 MB of the process's memory behind after it is dropped.
@@ -116,6 +117,16 @@ def load_checkpoint(spec: str, dtype: torch.dtype = torch.float32) -> Checkpoint
     seconds = time.perf_counter() - start
     log.info("loaded %s from %s in %.2fs", spec, where, seconds)
     return Checkpoint(spec, Path(where), config, state_dict, tokenizer, seconds)
+
+
+def _safetensors_files(directory: Path) -> list[Path]:
+    """The checkpoint's own safetensors shards: those the index names, else model*.safetensors
+    (other files, such as Mistral's consolidated.safetensors, hold the same weights again)."""
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        return [directory / name for name in sorted(set(weight_map.values()))]
+    return sorted(directory.glob("model*.safetensors"))
 
 
 def _cached_gguf_conversion(gguf: Path, name: str) -> Path:
