@@ -150,3 +150,20 @@ def test_top_refreshes_until_interrupted(db, monkeypatch, capsys) -> None:
     out = capsys.readouterr().out
     assert frames == [0.25, 0.25]
     assert out.count(top_cmd.CLEAR) == 2 and out.count("w-top") == 2
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--window", "0"), ("--window", "-5"), ("--window", "nan"), ("--interval", "0"),
+     ("--interval", "-1"), ("--interval", "inf"), ("--window", "soon")],
+)  # fmt: skip
+def test_top_refuses_non_positive_seconds(flag, value, capsys) -> None:
+    """A zero window would divide by zero in the rates (and used to show up as "store:
+    unreachable"): argparse refuses it before anything connects."""
+    with pytest.raises(SystemExit) as exc:
+        main(["top", "--once", flag, value, "--database-url", "sqlite:///:memory:",
+              "--redis-url", "redis://127.0.0.1:1/0"])  # fmt: skip
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}" in err
+    assert "seconds" in err

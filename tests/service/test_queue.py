@@ -35,6 +35,17 @@ def test_message_roundtrip_and_version() -> None:
         JobMessage.decode({"v": "1", "job_id": "x"})
 
 
+@pytest.mark.parametrize(
+    ("body", "kind"), [('"text"', "string"), ("null", "null"), ("[1, 2]", "array"), ("3", "number")]
+)
+def test_message_body_must_be_a_json_object(body: str, kind: str) -> None:
+    fields = {**JobMessage(job_id="j", body={}).encode(), "body": body}
+    with pytest.raises(MessageError, match=f"body is a JSON {kind}, not an object"):
+        JobMessage.decode(fields)
+    with pytest.raises(MessageError, match="bad job message"):
+        JobMessage.decode({**fields, "body": "{not json"})
+
+
 def test_enqueue_commits_then_reads_interactive_first_without_hoarding(session_factory, redis_client, keys) -> None:
     ensure_groups(redis_client=redis_client, keys=keys)
     batch_ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=_new(5))

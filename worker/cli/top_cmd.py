@@ -4,11 +4,23 @@ tokens/s, jobs/s, heartbeat) and the queue depths per stream."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from typing import Any
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
+
+
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds greater than zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be a number of seconds > 0")
+    return value
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -21,8 +33,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "last --window seconds (from the iterations and jobs tables). Per stream: length, "
         "pending (delivered, not acked) and undelivered entries of the consumer group.",
     )
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between frames (1)")
-    p.add_argument("--window", type=float, default=5.0,
+    p.add_argument(
+        "--interval", type=_positive_seconds, default=1.0, help="seconds between frames (1)"
+    )
+    p.add_argument("--window", type=_positive_seconds, default=5.0,
                    help="seconds the rates are averaged over (5)")  # fmt: skip
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.add_argument("--all", action="store_true", help="show stopped workers too")

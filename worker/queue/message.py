@@ -40,7 +40,8 @@ class JobMessage:
 
     @classmethod
     def decode(cls, fields: dict[str, str]) -> JobMessage:
-        """Parse stream fields; raises MessageError on an unknown version or missing field."""
+        """Parse stream fields; raises MessageError on an unknown version, a missing field
+        or a body that is not a JSON object."""
         if not fields:
             raise MessageError("empty entry (deleted from the stream)")
         version = fields.get("v")
@@ -50,7 +51,7 @@ class JobMessage:
             )
         try:
             body = json.loads(fields["body"])
-            return cls(
+            message = cls(
                 job_id=fields["job_id"],
                 body=body,
                 tenant=fields.get("tenant") or "default",
@@ -60,3 +61,21 @@ class JobMessage:
             )
         except (KeyError, ValueError, TypeError) as exc:
             raise MessageError(f"bad job message: {exc!r}") from None
+        if not isinstance(body, dict):
+            raise MessageError(
+                f"bad job message: the body is a JSON {_json_kind(body)}, not an object"
+            )
+        return message
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON type name of a decoded value (for error messages)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else type(value).__name__

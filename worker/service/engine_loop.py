@@ -98,7 +98,6 @@ class EngineLoop:
         self.steps = 0
         self.finished = 0
         self.failed = 0
-        self.tokens = 0
         self._drain_deadline: float | None = None
         self._idle_step_errors = 0
         # telemetry: read by observable metrics at collection time; bumped once per step
@@ -280,7 +279,6 @@ class EngineLoop:
         else:
             status = "succeeded"
         self.finished += 1
-        self.tokens += len(out.token_ids)
         result = JobResult(
             job_id=held.job_id,
             status=status,

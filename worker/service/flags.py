@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from types import FrameType
 
 
@@ -14,13 +13,10 @@ class Flags:
     def __init__(self) -> None:
         self.draining = threading.Event()
         self.stop_now = threading.Event()
-        self.drain_started: float | None = None
         self.signals = 0
 
     def request_drain(self) -> None:
         """First stop request: drain."""
-        if self.drain_started is None:
-            self.drain_started = time.monotonic()
         self.draining.set()
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:

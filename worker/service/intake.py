@@ -76,7 +76,6 @@ class Intake:
         self.dead_lettered = 0
         self.replayed = 0
         self.claimed = 0
-        self.replay_done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="intake", daemon=True)
 
     def start(self) -> None:
@@ -115,8 +114,6 @@ class Intake:
                         backlog_due = now
                 if backlog_due is not None and now >= backlog_due:
                     backlog_due = self._work_backlog(want)
-                    if backlog_due is None:
-                        self.replay_done.set()
                     continue
                 if want <= 0:
                     self.want_changed.wait(0.05)
@@ -136,7 +133,6 @@ class Intake:
                     break
                 log.warning("intake error (%s: %s); retrying", type(exc).__name__, exc)
                 self.flags.draining.wait(0.5)
-        self.replay_done.set()
 
     def _work_backlog(self, want: int) -> float | None:
         """Redeliver entries this consumer owns but does not hold (left by its previous

@@ -23,7 +23,7 @@ from worker.queue.keys import QueueKeys
 from worker.service.flags import Flags
 from worker.service.inflight import HeldJob, Registry
 from worker.service.observe import JobObserver
-from worker.service.retry import retry
+from worker.service.retry import is_transient, retry
 from worker.store.crud.iterations import insert_iterations
 from worker.store.crud.jobs import finish_jobs, requeue_jobs
 from worker.store.schemas import JobResult
@@ -80,8 +80,12 @@ class OutputWriter:
         self.observer = observer if observer is not None and observer.enabled else None
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.closing = threading.Event()
-        self.unwritten = 0  # results put but not yet committed (read by the intake)
+        # ``unwritten`` is derived: ``put`` runs on several threads (engine loop, intake) and
+        # counts under a lock; ``written``/``unstored`` change on the writer thread only.
+        self._put_lock = threading.Lock()
+        self._put_finished = 0
         self.written = 0
+        self.unstored = 0  # results that could not be stored at all (left pending in Redis)
         self.transactions = 0
         # Step traces alone wait (up to trace_flush_interval or trace_flush_rows) and ride
         # along with the next result commit: one commit per engine step would cost the
@@ -93,10 +97,16 @@ class OutputWriter:
         self._thread = threading.Thread(target=self._run, name="output-writer", daemon=True)
 
     # -- producer side --------------------------------------------------------------------
+    @property
+    def unwritten(self) -> int:
+        """Results put but not yet committed (read by the intake)."""
+        return self._put_finished - self.written - self.unstored
+
     def put(self, item: Finished | Release | AckOnly | dict[str, Any]) -> None:
         """Queue a result, a release, an ack, or an iteration row (a dict)."""
         if isinstance(item, Finished):
-            self.unwritten += 1
+            with self._put_lock:
+                self._put_finished += 1
         self.inbox.put(item)
 
     # -- thread ---------------------------------------------------------------------------
@@ -153,10 +163,17 @@ class OutputWriter:
         acks = [e for i in items if isinstance(i, AckOnly) for e in i.entries]
         write_start = time.time()
         if finished or rows:
-            retry(
+            unstored = retry(
                 lambda: self._commit(finished, rows), what="result write", stop=self.flags.stop_now
             )
-            self.unwritten -= len(finished)
+            if unstored:
+                # Neither the result nor a failure could be stored: leave the entries pending
+                # (not acked) and stop holding them, so that they go idle and are taken over
+                # and redelivered (dead-lettered once delivered too often).
+                lost = {id(f) for f in unstored}
+                finished = [f for f in finished if id(f) not in lost]
+                self.registry.remove([f.result.job_id for f in unstored])
+                self.unstored += len(unstored)
             self.written += len(finished)
             self.transactions += 1
             held = [f.held for f in finished if f.held is not None]
@@ -172,22 +189,21 @@ class OutputWriter:
                 stop=self.flags.stop_now,
             )
         if finished:
+            # every finished job: one cancelled after it ended (or while its result was on
+            # the way) would otherwise leave its id in the cancels set
             done = [f.result.job_id for f in finished]
-            cancelled = [f.result.job_id for f in finished if f.result.status == "cancelled"]
-            if cancelled:
-                retry(
-                    lambda: clear_cancels(
-                        redis_client=self.redis, keys=self.keys, job_ids=cancelled
-                    ),
-                    what="clear cancels",
-                    stop=self.flags.stop_now,
-                )
+            retry(
+                lambda: clear_cancels(redis_client=self.redis, keys=self.keys, job_ids=done),
+                what="clear cancels",
+                stop=self.flags.stop_now,
+            )
             self.registry.remove(done)
             if self.observer is not None:
                 timelines = [f.timeline for f in finished if f.timeline is not None]
                 self.observer.written(timelines, write_start, time.time())
 
-    def _commit(self, finished: list[Finished], rows: list[dict[str, Any]]) -> None:
+    def _commit(self, finished: list[Finished], rows: list[dict[str, Any]]) -> list[Finished]:
+        """Write the batch; returns the results that could not be stored at all."""
         try:
             with self.session_factory.begin() as session:
                 finish_jobs(
@@ -195,35 +211,42 @@ class OutputWriter:
                 )
                 insert_iterations(session=session, rows=rows, ignore_conflicts=True)
         except Exception as exc:
-            from worker.service.retry import is_transient
-
             if is_transient(exc):
                 raise
             log.exception("batched write refused; writing results one by one")
-            self._commit_one_by_one(finished)
+            return self._commit_one_by_one(finished)
+        return []
 
-    def _commit_one_by_one(self, finished: list[Finished]) -> None:
+    def _commit_one_by_one(self, finished: list[Finished]) -> list[Finished]:
+        """Write each result alone; one the store refuses is stored as a failure instead.
+        Returns those for which even that was refused."""
+        unstored: list[Finished] = []
         for f in finished:
             try:
                 with self.session_factory.begin() as session:
                     finish_jobs(session=session, results=[f.result], worker_id=self.worker_id)
             except Exception as exc:
-                from worker.service.retry import is_transient
-
                 if is_transient(exc):
                     raise
-                with self.session_factory.begin() as session:
-                    finish_jobs(
-                        session=session,
-                        results=[
-                            JobResult(
-                                job_id=f.result.job_id,
-                                status="failed",
-                                error=f"could not store the result: {exc}",
-                            )
-                        ],
-                        worker_id=self.worker_id,
-                    )
+                try:
+                    with self.session_factory.begin() as session:
+                        finish_jobs(
+                            session=session,
+                            results=[
+                                JobResult(
+                                    job_id=f.result.job_id,
+                                    status="failed",
+                                    error=f"could not store the result: {exc}",
+                                )
+                            ],
+                            worker_id=self.worker_id,
+                        )
+                except Exception as exc2:
+                    if is_transient(exc2):
+                        raise
+                    log.exception("could not store job %s, not even as failed", f.result.job_id)
+                    unstored.append(f)
+        return unstored
 
     def _requeue(self, job_ids: list[str]) -> None:
         with self.session_factory.begin() as session:

@@ -265,35 +265,24 @@ def first_token_step(
     )
 
 
-def _queue_window(
+def _step_window(
     *,
     session: Session,
     worker_id: str,
-    queued_at: datetime,
-    before_step: int | None,
-    before_time: datetime | None,
+    since: datetime,
+    before_step: int | None = None,
+    before_time: datetime | None = None,
 ) -> tuple[int | None, int | None]:
-    """Steps of the worker that started after ``queued_at`` and before the job's first step
-    (or before ``before_time`` when the step is unknown)."""
-    conds: list[Any] = [Iteration.worker_id == worker_id, Iteration.time >= queued_at]
+    """First and last step of the worker that started at or after ``since`` and, when a
+    bound is given, before ``before_step`` (or, when the step is unknown, before
+    ``before_time``). Without a bound: every step since (a job still running)."""
+    conds: list[Any] = [Iteration.worker_id == worker_id, Iteration.time >= since]
     if before_step is not None:
         conds.append(Iteration.step < before_step)
     elif before_time is not None:
         conds.append(Iteration.time < before_time)
     row = session.execute(
         select(func.min(Iteration.step), func.max(Iteration.step)).where(*conds)
-    ).one()
-    return _int(row[0]), _int(row[1])
-
-
-def _running_window(
-    *, session: Session, worker_id: str, since: datetime
-) -> tuple[int | None, int | None]:
-    """Steps of the worker that started at or after ``since`` (a job still running)."""
-    row = session.execute(
-        select(func.min(Iteration.step), func.max(Iteration.step)).where(
-            Iteration.worker_id == worker_id, Iteration.time >= since
-        )
     ).one()
     return _int(row[0]), _int(row[1])
 
@@ -323,14 +312,14 @@ def job_trace(*, session: Session, job_id: str, longest: int = 5) -> JobTrace | 
             exclude_job_id=job.id, longest=longest,
         )  # fmt: skip
 
-    qa, qb = _queue_window(
-        session=session, worker_id=worker, queued_at=job.queued_at,
+    qa, qb = _step_window(
+        session=session, worker_id=worker, since=job.queued_at,
         before_step=job.first_step, before_time=job.started_at,
     )  # fmt: skip
     trace.phases.append(phase("queue", qa, qb))
     if job.first_step is None or job.last_step is None:
         if job.status == JobStatus.RUNNING.value:
-            ra, rb = _running_window(session=session, worker_id=worker, since=job.started_at)
+            ra, rb = _step_window(session=session, worker_id=worker, since=job.started_at)
             trace.phases.append(phase("running", ra, rb))
             trace.notes.append(
                 "still running: the step range is written with the result, so the running "
