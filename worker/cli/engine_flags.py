@@ -77,10 +77,14 @@ def add_engine_flags(parser: argparse.ArgumentParser, *, default_model: str = "s
     g.add_argument("--num-threads", type=int, metavar="N", help="torch threads on CPU")
 
 
+def engine_kwargs_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine options given on the command line, ``--model`` aside (torch-free)."""
+    return {name: getattr(args, name) for name in _ENGINE_FIELDS
+            if name != "model" and getattr(args, name, None) is not None}
+
+
 def engine_args_from(args: argparse.Namespace) -> Any:
     """An ``EngineArgs`` from the parsed flags (imports the engine: call it inside run())."""
     from worker.engine.config import EngineArgs
 
-    given = {name: getattr(args, name) for name in _ENGINE_FIELDS
-             if getattr(args, name, None) is not None}
-    return EngineArgs(**given)
+    return EngineArgs(model=args.model, **engine_kwargs_from(args))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from worker.cli.engine_flags import add_engine_flags, engine_kwargs_from
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``worker``."""
@@ -14,7 +16,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="SIGTERM/SIGINT drains (stop reading, finish in-flight work up to "
         "--drain-timeout, hand the rest back, exit 0); a second signal stops at once.",
     )
-    p.add_argument("--model", default="smollm2-135m")
     p.add_argument(
         "--redis-url", default=None, help="overrides REDIS_URL (default redis://127.0.0.1:6379/0)"
     )
@@ -28,23 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--prefix", default="inflight", help="Redis key prefix")
     p.add_argument("--migrate", action="store_true", help="run the migrations before starting")
-    g = p.add_argument_group("engine")
-    g.add_argument("--max-num-seqs", type=int)
-    g.add_argument("--max-num-batched-tokens", type=int)
-    g.add_argument("--num-kv-blocks", type=int)
-    g.add_argument("--kv-cache-memory", type=int)
-    g.add_argument("--max-model-len", type=int)
-    g.add_argument("--block-size", type=int)
-    g.add_argument("--policy")
-    g.add_argument("--device")
-    g.add_argument("--dtype")
-    g.add_argument("--enable-prefix-caching", action="store_true", default=None)
-    g.add_argument("--num-threads", type=int)
-    g.add_argument("--attention-backend", choices=("torch", "cpu", "triton"))
-    g.add_argument("--no-prepack-weights", dest="prepack_weights", action="store_false", default=None)
-    g.add_argument("--num-speculative-tokens", type=int, metavar="K",
-                   help="n-gram draft tokens per greedy job per step (default: 0, off)")
-    g.add_argument("--speculative-max-rows", type=int, metavar="N")
+    add_engine_flags(p)  # --model and every engine option, as for generate and bench
     q = p.add_argument_group("queue")
     q.add_argument("--prefetch", type=int, default=4, help="jobs read ahead of engine capacity")
     q.add_argument(
@@ -66,27 +51,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-ENGINE_FLAGS = (
-    "max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "kv_cache_memory", "max_model_len",
-    "block_size", "policy", "device", "dtype", "enable_prefix_caching", "num_threads",
-    "attention_backend", "prepack_weights", "num_speculative_tokens", "speculative_max_rows",
-)  # fmt: skip
-
-
 def config_from_args(args: argparse.Namespace):
     """The WorkerConfig these flags (and REDIS_URL / DATABASE_URL) describe."""
     from worker.queue.connection import redis_url
     from worker.service.config import WorkerConfig
     from worker.store.db import database_url
 
-    engine_kwargs = {
-        k: getattr(args, k) for k in ENGINE_FLAGS if getattr(args, k, None) is not None
-    }
     return WorkerConfig(
         database_url=database_url(args.database_url),
         redis_url=redis_url(args.redis_url),
         model=args.model,
-        engine_kwargs=engine_kwargs,
+        engine_kwargs=engine_kwargs_from(args),
         name=args.name,
         prefix=args.prefix,
         prefetch=args.prefetch,
