@@ -88,7 +88,7 @@ class WorkerMetrics:
             )
         counters: list[tuple[str, str, str, str]] = [
             (STEPS, "{step}", "Engine steps", "steps"),
-            (TOKENS_GENERATED, "{token}", "Tokens generated (one per sequence per step)",
+            (TOKENS_GENERATED, "{token}", "Tokens generated (accepted drafts included)",
              "generated_tokens"),
             (PREEMPTIONS, "{preemption}", "Sequences preempted", "preemptions_total"),
             (CACHED_PROMPT_TOKENS, "{token}", "Prompt tokens served from the prefix cache",
@@ -115,30 +115,18 @@ class WorkerMetrics:
         self.jobs_finished = meter.create_counter(
             JOBS_FINISHED, unit="{job}", description="Jobs whose result was written"
         )
-        self.queue_time = meter.create_histogram(
-            QUEUE_TIME,
-            unit="s",
-            description="Enqueue to first scheduled by the engine",
-            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
-        )
-        self.ttft = meter.create_histogram(
-            TIME_TO_FIRST_TOKEN,
-            unit="s",
-            description="Enqueue to first generated token",
-            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
-        )
-        self.tpot = meter.create_histogram(
-            TIME_PER_OUTPUT_TOKEN,
-            unit="s",
-            description="Decode time per output token after the first",
-            explicit_bucket_boundaries_advisory=TPOT_BUCKETS,
-        )
-        self.e2e = meter.create_histogram(
-            E2E_LATENCY,
-            unit="s",
-            description="Enqueue to result committed",
-            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
-        )
+
+        def seconds_histogram(name: str, description: str, buckets: Any) -> metrics.Histogram:
+            return meter.create_histogram(name, unit="s", description=description,
+                                          explicit_bucket_boundaries_advisory=buckets)
+
+        self.queue_time = seconds_histogram(
+            QUEUE_TIME, "Enqueue to first scheduled by the engine", LATENCY_BUCKETS)
+        self.ttft = seconds_histogram(
+            TIME_TO_FIRST_TOKEN, "Enqueue to first generated token", LATENCY_BUCKETS)
+        self.tpot = seconds_histogram(
+            TIME_PER_OUTPUT_TOKEN, "Decode time per output token after the first", TPOT_BUCKETS)
+        self.e2e = seconds_histogram(E2E_LATENCY, "Enqueue to result committed", LATENCY_BUCKETS)
 
     # -- sources -----------------------------------------------------------------------------
     def attach(
