@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from worker.protocol.openai_batch import build_response_body, parse_request_body
+from worker.protocol.openai_batch import build_response_body, parse_request_body, split_stored
 from worker.protocol.sampling_params import InvalidRequestError
 from worker.store.models import ApiJob, Batch, Job, StoredFile
 
@@ -17,13 +17,6 @@ def epoch(ts: datetime | None) -> int | None:
 
 def _epoch_f(ts: datetime | None) -> float | None:
     return round(ts.timestamp(), 6) if ts is not None else None
-
-
-def split_stored(stored: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(endpoint, body) of a stored request (``{"url", "body"}``)."""
-    if isinstance(stored.get("body"), dict):
-        return str(stored.get("url") or "/v1/completions"), stored["body"]
-    return ("/v1/chat/completions" if "messages" in stored else "/v1/completions"), stored
 
 
 def response_body(job: Job, *, model_name: str) -> dict[str, Any] | None:

@@ -102,6 +102,34 @@ def test_take_over_stale_respects_touch_and_dead_letters(session_factory, redis_
     assert redis_client.xpending(keys.stream("batch"), keys.group)["pending"] == 1
 
 
+def test_take_over_stale_reaches_dead_entries_behind_live_ones(session_factory, redis_client, keys) -> None:
+    # XAUTOCLAIM scans at most 10 * COUNT pending entries per call: a dead worker's entries
+    # behind 30 that a live worker keeps fresh are only reached if the scan resumes.
+    ensure_groups(redis_client=redis_client, keys=keys)
+    enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=_new(33))
+    live = read_new(redis_client=redis_client, keys=keys, consumer="live", count=30)
+    dead = read_new(redis_client=redis_client, keys=keys, consumer="dead", count=3)
+    stream = keys.stream("batch")
+    # the dead worker's entries have been idle for an hour; the live ones are fresh
+    redis_client.xclaim(stream, keys.group, "dead", 0, [d.entry_id for d in dead], idle=3_600_000, justid=True)
+    cursors: dict[str, str] = {}
+    taken: list[tuple[str, str]] = []
+    for _ in range(12):
+        taken += take_over_stale(redis_client=redis_client, keys=keys, consumer="alive",
+                                 min_idle_ms=60_000, count=1, cursors=cursors)
+    assert taken == [(stream, d.entry_id) for d in dead]
+    # fresh entries stay with their owner; taking over does not count as a delivery
+    assert [e for _, e, _ in own_pending(redis_client=redis_client, keys=keys, consumer="live")] == [
+        d.entry_id for d in live
+    ]
+    assert [n for _, _, n in own_pending(redis_client=redis_client, keys=keys, consumer="alive")] == [1, 1, 1]
+    assert own_pending(redis_client=redis_client, keys=keys, consumer="dead") == []
+    # without a cursor every call scans the same first 10 entries and finds nothing
+    redis_client.xclaim(stream, keys.group, "dead", 0, [d.entry_id for d in dead], idle=3_600_000, justid=True)
+    for _ in range(12):
+        assert take_over_stale(redis_client=redis_client, keys=keys, consumer="alive", min_idle_ms=60_000, count=1) == []
+
+
 def test_trim_never_deletes_pending_or_unread(session_factory, redis_client, keys) -> None:
     ensure_groups(redis_client=redis_client, keys=keys)
     enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=_new(6))

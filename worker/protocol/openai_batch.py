@@ -48,6 +48,7 @@ __all__ = [
     "new_request_id",
     "parse_request_body",
     "parse_request_line",
+    "split_stored",
 ]
 
 CHAT_ENDPOINT = "/v1/chat/completions"
@@ -169,6 +170,14 @@ def parse_request_body(body: dict[str, Any], *, endpoint: str) -> GenerationRequ
     params = _sampling_params(body, endpoint)
     return GenerationRequest(custom_id=None, endpoint=endpoint, prompt=prompt,
                              messages=messages, params=params, model=model, body=body)
+
+
+def split_stored(stored: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(endpoint, body) of a stored request: ``{"url", "body"}``, or a bare body whose
+    ``messages`` / ``prompt`` says which endpoint it is for."""
+    if isinstance(stored.get("body"), dict):
+        return str(stored.get("url") or COMPLETIONS_ENDPOINT), stored["body"]
+    return (CHAT_ENDPOINT if "messages" in stored else COMPLETIONS_ENDPOINT), stored
 
 
 def _parse_object(obj: dict[str, Any]) -> GenerationRequest:

@@ -127,8 +127,8 @@ def _fill_delivery_counts(
         by_stream.setdefault(d.stream, []).append(d)
     for stream, items in by_stream.items():
         wanted = {d.entry_id: d for d in items}
-        lo = min(items, key=lambda d: _id_key(d.entry_id)).entry_id
-        hi = max(items, key=lambda d: _id_key(d.entry_id)).entry_id
+        lo = min(items, key=lambda d: id_key(d.entry_id)).entry_id
+        hi = max(items, key=lambda d: id_key(d.entry_id)).entry_id
         start = lo
         while True:
             rows = cast(Any, redis_client).xpending_range(
@@ -143,7 +143,8 @@ def _fill_delivery_counts(
             start = "(" + rows[-1]["message_id"]
 
 
-def _id_key(entry_id: str) -> tuple[int, int]:
+def id_key(entry_id: str) -> tuple[int, int]:
+    """Sort key of a stream entry id (``ms-seq``), compared as numbers."""
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
 

@@ -16,9 +16,6 @@ from worker.store.crud.jobs import fail_job
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_DELIVERIES = 3
-
-
 def over_limit(delivery: Delivery, *, max_deliveries: int) -> bool:
     """True when the entry has been delivered more than ``max_deliveries`` times."""
     return delivery.deliveries > max_deliveries

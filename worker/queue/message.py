@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -24,7 +24,6 @@ class JobMessage:
     priority: int = 0
     attempt: int = 0
     traceparent: str | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
     def encode(self) -> dict[str, str]:
         """Flat string fields for XADD."""

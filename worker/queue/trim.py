@@ -6,17 +6,13 @@ from typing import Any, cast
 
 import redis
 
+from worker.queue.consumer import id_key
 from worker.queue.keys import QueueKeys
 
 
 def _next_id(entry_id: str) -> str:
     ms, _, seq = entry_id.partition("-")
     return f"{ms}-{int(seq or 0) + 1}"
-
-
-def _id_key(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 def safe_min_id(*, redis_client: redis.Redis, stream: str) -> str | None:
@@ -35,7 +31,7 @@ def safe_min_id(*, redis_client: redis.Redis, stream: str) -> str | None:
             summary: Any = cast(Any, redis_client).xpending(stream, g["name"])
             if summary and summary.get("min"):
                 keep.append(str(summary["min"]))
-    return min(keep, key=_id_key)
+    return min(keep, key=id_key)
 
 
 def trim_streams(*, redis_client: redis.Redis, keys: QueueKeys) -> int:

@@ -177,6 +177,8 @@ class EngineLoop:
             taken = [self.buffer.popleft() for _ in range(n)]
             for held in taken:
                 self._add(held)
+            # Not redundant with _publish_capacity: the step that runs before it can be
+            # long, and until then want() must not count the admitted jobs as free room.
             self._capacity = self.engine.admission_capacity()
 
     def _admit_isolated(self) -> None:

@@ -76,6 +76,7 @@ class Intake:
         self.dead_lettered = 0
         self.replayed = 0
         self.claimed = 0
+        self._claim_cursors: dict[str, str] = {}  # where each stream's stale scan resumes
         self._thread = threading.Thread(target=self._run, name="intake", daemon=True)
 
     def start(self) -> None:
@@ -107,6 +108,7 @@ class Intake:
                         consumer=self.consumer,
                         min_idle_ms=c.claim_idle_ms,
                         count=want,
+                        cursors=self._claim_cursors,
                     )
                     if taken:
                         self.claimed += len(taken)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from worker.protocol.openai_batch import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, parse_request_body
+from worker.protocol.openai_batch import parse_request_body, split_stored
 from worker.protocol.sampling_params import SamplingParams
 
 
@@ -26,17 +26,9 @@ class Prepared:
     prompt: str | None
 
 
-def split_request(stored: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(endpoint, body) of a stored request: ``{"url", "body"}``, or a bare body whose
-    ``messages`` / ``prompt`` says which endpoint it is for."""
-    if "body" in stored and isinstance(stored["body"], dict):
-        return str(stored.get("url") or COMPLETIONS_ENDPOINT), stored["body"]
-    return (CHAT_ENDPOINT if "messages" in stored else COMPLETIONS_ENDPOINT), stored
-
-
 def prepare(*, engine: Tokenizes, stored: dict[str, Any]) -> Prepared:
     """Validate and tokenize; raises InvalidRequestError (or the tokenizer's error)."""
-    endpoint, body = split_request(stored)
+    endpoint, body = split_stored(stored)
     req = parse_request_body(body, endpoint=endpoint)
     if req.messages is not None:
         return Prepared(engine.tokenize(messages=req.messages), req.params, None)

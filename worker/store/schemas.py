@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -38,4 +38,3 @@ class JobResult:
     finished_at: datetime | None = None
     first_step: int | None = None
     last_step: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
