@@ -7,9 +7,12 @@
     batch = c.submit_batch("requests.jsonl")
     lines = c.download(c.wait_batch(batch["id"]))
 
-Every request is retried on connection errors, 429 and 5xx with exponential backoff;
-``submit`` sends an idempotency key (generated when not given), so a retried submit never
-creates a second job.
+Requests are retried with exponential backoff on connection errors, 429 and, where a
+repeat is harmless, on timeouts and 5xx: GETs, DELETEs and ``submit`` (which sends an
+idempotency key, generated when not given, so a retried submit never creates a second job).
+Other POSTs (upload, batch creation, batch cancel) are retried only when the request cannot
+have reached the server (connect errors) or on 429, never after a timeout or 5xx, so a
+batch is never created twice.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ import httpx
 
 TERMINAL_JOB = ("succeeded", "failed", "cancelled")
 TERMINAL_BATCH = ("completed", "failed", "expired", "cancelled")
+
+_IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+# Raised before the request left this process: always safe to retry.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
 class ApiError(Exception):
@@ -68,17 +75,30 @@ class Client:
         self.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        # A request that may have reached the server is retried only when repeating it is
+        # harmless: idempotent methods, and POSTs carrying an Idempotency-Key (submit).
+        # Other POSTs (files, batches, batch cancel) are retried only on errors raised
+        # before anything was sent, and on 429; a timeout or 5xx after the server committed
+        # would otherwise create a second batch or file.
+        headers = kwargs.get("headers") or {}
+        replayable = method.upper() in _IDEMPOTENT_METHODS or any(
+            name.lower() == "idempotency-key" for name in headers
+        )
         delay = self.backoff
         for attempt in range(self.retries + 1):
             try:
                 resp = self._http.request(method, path, **kwargs)
-            except (httpx.TransportError, httpx.TimeoutException):
+            except _NOT_SENT:
                 if attempt == self.retries:
+                    raise
+            except (httpx.TransportError, httpx.TimeoutException):
+                if attempt == self.retries or not replayable:
                     raise
             else:
                 if resp.status_code < 400:
                     return resp
-                if (resp.status_code != 429 and resp.status_code < 500) or attempt == self.retries:
+                retryable = resp.status_code == 429 or (resp.status_code >= 500 and replayable)
+                if not retryable or attempt == self.retries:
                     try:
                         error = resp.json().get("error") or {}
                     except ValueError:

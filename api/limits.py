@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import ApiError
 from worker.protocol.openai_batch import GenerationRequest
+from worker.protocol.sampling_params import QUEUED_N_UNSUPPORTED
 
 
 class BodyTooLarge(Exception):
@@ -113,7 +114,15 @@ def _text_of(content: Any) -> str:
 def check_request_limits(
     req: GenerationRequest, *, max_prompt_tokens: int, max_tokens_limit: int
 ) -> None:
-    """Refuse prompts and max_tokens beyond the configured bounds (ApiError 400)."""
+    """Refuse what the queued service cannot serve (ApiError 400): ``n`` > 1, prompts and
+    max_tokens beyond the configured bounds."""
+    if req.params.n > 1:
+        raise ApiError(
+            400,
+            f"n={req.params.n}: {QUEUED_N_UNSUPPORTED}",
+            code="invalid_value",
+            param="n",
+        )
     est = estimate_prompt_tokens(req)
     if est > max_prompt_tokens:
         raise ApiError(

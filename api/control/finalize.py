@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections import deque
 from pathlib import Path
 from typing import Any, cast
 
@@ -87,14 +88,14 @@ def _write_files(
     out_tmp, out_path = ctx.storage.writer(tenant=tenant, file_id=out_id)
     err_tmp, err_path = ctx.storage.writer(tenant=tenant, file_id=err_id)
     counts = {"total": 0, "completed": 0, "failed": 0}
-    pending_errors = sorted(staged.items())
+    pending_errors = deque(sorted(staged.items()))  # popleft: O(1) per staged line
     n_out = n_err = 0
     with open(out_tmp, "w", encoding="utf-8") as out, open(err_tmp, "w", encoding="utf-8") as err:
 
         def flush_staged(before: int) -> None:
             nonlocal n_err
             while pending_errors and pending_errors[0][0] < before:
-                err.write(pending_errors.pop(0)[1] + "\n")
+                err.write(pending_errors.popleft()[1] + "\n")
                 n_err += 1
                 counts["failed"] += 1
                 counts["total"] += 1
@@ -109,7 +110,7 @@ def _write_files(
             for job in jobs:
                 flush_staged(line_of_job(job.id))
                 counts["total"] += 1
-                line = _job_line(ctx, job, final)
+                line = _job_line(ctx, job)
                 if job.status == "succeeded" and line is not None:
                     out.write(line + "\n")
                     n_out += 1
@@ -137,7 +138,7 @@ def _publish(session: Any, tenant: str, file_id: str, tmp: Path, path: Path, fil
     return file_id
 
 
-def _job_line(ctx: Context, job: Job, final: str) -> str | None:
+def _job_line(ctx: Context, job: Job) -> str | None:
     if job.status != "succeeded":
         return None
     body = response_body(job, model_name=ctx.settings.model_name)

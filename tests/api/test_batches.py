@@ -152,6 +152,30 @@ def test_batch_lifecycle_with_invalid_lines(make_env) -> None:
     assert env.client.post(f"/v1/batches/{batch['id']}/cancel", headers=h).status_code == 400
 
 
+def test_batch_line_with_n_above_one_fails_into_error_file(env: ApiEnv) -> None:
+    h = env.auth("t-batch-n")
+    good = batch_lines(2)
+    many = {**good[1], "custom_id": "many", "body": {**good[1]["body"], "n": 2}}
+    f = _upload(env, h, jsonl([good[0], many, good[1]]))
+    batch = _create(env, h, f["id"])
+    assert batch["request_counts"] == {"total": 3, "completed": 0, "failed": 1}
+    jobs = env.client.get("/v1/jobs", params={"batch_id": batch["id"]}, headers=h).json()
+    assert [j["custom_id"] for j in jobs["data"]] == ["r-0", "r-1"]
+    _finish(env, batch["id"])
+    done = env.client.get(f"/v1/batches/{batch['id']}", headers=h).json()
+    assert done["status"] == "completed", done
+    assert done["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
+    assert [x["custom_id"] for x in _lines(env, h, done["output_file_id"])] == ["r-0", "r-1"]
+    errs = _lines(env, h, done["error_file_id"])
+    assert [e["custom_id"] for e in errs] == ["many"]
+    error = errs[0]["error"]
+    assert errs[0]["response"]["status_code"] == 400, errs[0]
+    assert errs[0]["response"]["body"]["error"]["param"] == "n", errs[0]
+    assert error["code"] == "invalid_value", error
+    assert error["message"].startswith("line 2: n=2: n > 1 is not supported"), error
+    assert "inflight generate" in error["message"], error
+
+
 def test_batch_validation(env: ApiEnv) -> None:
     h = env.auth("t-bval")
     f = _upload(env, h, jsonl(batch_lines(1)))

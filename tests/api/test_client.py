@@ -50,3 +50,48 @@ def test_gives_up_after_retries() -> None:
     with pytest.raises(ApiError) as info:
         c.cancel("job_x")
     assert info.value.status == 500
+
+
+def test_non_idempotent_posts_are_not_replayed_once_sent(tmp_path) -> None:
+    """POST /v1/batches (no idempotency key) is retried only on errors raised before the
+    request was sent; a timeout or 5xx after it may have been committed is raised, so no
+    second batch is created. GETs and keyed submits are still retried on both."""
+    calls: dict[str, int] = {}
+    plan: dict[str, list] = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        key = f"{request.method} {request.url.path}"
+        calls[key] = calls.get(key, 0) + 1
+        step = plan[key].pop(0)
+        if isinstance(step, type) and issubclass(step, Exception):
+            raise step("boom", request=request)
+        return httpx.Response(step, json={"id": "x_1", "status": "queued"})
+
+    c = Client("http://x", api_key="k", backoff=0.001, transport=httpx.MockTransport(handler))
+
+    plan["POST /v1/batches"] = [httpx.ReadTimeout, 200]
+    with pytest.raises(httpx.ReadTimeout):
+        c._request("POST", "/v1/batches", json={"input_file_id": "f"})
+    assert calls["POST /v1/batches"] == 1
+
+    plan["POST /v1/batches"] = [503, 200]
+    with pytest.raises(ApiError) as info:
+        c._request("POST", "/v1/batches", json={"input_file_id": "f"})
+    assert info.value.status == 503 and calls["POST /v1/batches"] == 2
+
+    plan["POST /v1/batches"] = [httpx.ConnectError, httpx.ConnectTimeout, 429, 200]
+    assert c._request("POST", "/v1/batches", json={"input_file_id": "f"}).status_code == 200
+    assert calls["POST /v1/batches"] == 6
+
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"prompt": "p"}\n')
+    plan["POST /v1/files"] = [httpx.ReadTimeout, 200]
+    with pytest.raises(httpx.ReadTimeout):
+        c.upload(path)
+    assert calls["POST /v1/files"] == 1
+
+    plan["GET /v1/batches/b"] = [httpx.ReadTimeout, 502, 200]
+    assert c.get_batch("b")["id"] == "x_1" and calls["GET /v1/batches/b"] == 3
+
+    plan["POST /v1/jobs"] = [httpx.ReadTimeout, 500, 201]
+    assert c.submit({"prompt": "hi"})["id"] == "x_1" and calls["POST /v1/jobs"] == 3

@@ -136,6 +136,51 @@ def test_validation_errors(make_env) -> None:
     assert nul.status_code in (201, 400), nul.text
 
 
+def test_n_above_one_refused(env: ApiEnv) -> None:
+    """The store keeps one sample per job, so n > 1 is refused at submission (400)."""
+    c, h = env.client, env.auth("t-n")
+    for body in ({**CHAT, "n": 2}, {"prompt": "p", "max_tokens": 2, "n": 2}):
+        err = _is_openai_error(
+            c.post("/v1/jobs", json=body, headers=h), 400, code="invalid_value", param="n"
+        )
+        assert "n > 1 is not supported by the queued service yet" in err["message"], err
+        assert "inflight generate" in err["message"], err
+    assert c.get("/v1/jobs", headers=h).json()["data"] == []
+    assert c.post("/v1/jobs", json={**CHAT, "n": 1}, headers=h).status_code == 201
+
+
+def test_jobs_cli_counts_only_the_tenant(env: ApiEnv, capsys: pytest.CaptureFixture) -> None:
+    """``inflight jobs --tenant T``: the status counts at the bottom cover T only."""
+    import argparse
+    import uuid
+
+    from worker.cli import jobs_cmd
+    from worker.store.crud.jobs import count_by_status
+
+    mine, other = f"t-cli-{uuid.uuid4().hex[:8]}", f"t-cli-{uuid.uuid4().hex[:8]}"
+    hm, ho = env.auth(mine), env.auth(other)
+    ids = [env.client.post("/v1/jobs", json=CHAT, headers=hm).json()["id"] for _ in range(2)]
+    for _ in range(3):
+        assert env.client.post("/v1/jobs", json=CHAT, headers=ho).status_code == 201
+    assert env.client.delete(f"/v1/jobs/{ids[0]}", headers=hm).json()["status"] == "cancelled"
+    with env.ctx.session_factory() as s:
+        assert count_by_status(session=s, tenant=mine) == {"cancelled": 1, "queued": 1}
+        assert count_by_status(session=s, tenant=other) == {"queued": 3}
+        everyone = count_by_status(session=s)
+        assert everyone["queued"] >= 4 and everyone["cancelled"] >= 1
+
+    parser = argparse.ArgumentParser()
+    jobs_cmd.add_parser(parser.add_subparsers())
+    args = parser.parse_args(
+        ["jobs", "--tenant", mine, "--database-url", env.settings.database_url]
+    )
+    capsys.readouterr()
+    assert args.func(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(line.split()[0] for line in lines[1:-1]) == sorted(ids)
+    assert lines[-1] == "cancelled=1  queued=1"
+
+
 def test_tenant_isolation(env: ApiEnv) -> None:
     from tests.api.conftest import batch_lines, jsonl
 

@@ -77,7 +77,11 @@ def test_worker_runs_jobs_and_isolates_bad_ones(migrated_pg, session_factory, re
         assert jobs[good[0]].text == done.text and jobs[good[0]].attempts == 1
         assert jobs[bad[0]].status == "failed" and "bogus" in jobs[bad[0]].error
         assert jobs[bad[1]].status == "failed" and "context" in jobs[bad[1]].error
-        assert jobs[bad[2]].status in ("succeeded", "failed")  # depends on the tiny model's chat template
+        # the tiny model has a chat template, so the chat job succeeds (unseeded sampling:
+        # the text varies, and an early EOS is possible though never seen)
+        chat = jobs[bad[2]]
+        assert chat.status == "succeeded" and chat.error is None, (chat.status, chat.error)
+        assert chat.finish_reason in ("length", "stop") and 1 <= chat.completion_tokens <= 4
         assert jobs[long[0]].status == "cancelled" and (jobs[long[0]].completion_tokens or 0) < 240
         ok = jobs[good[-1]]
         assert ok.first_step is not None and ok.last_step >= ok.first_step and ok.first_token_at is not None

@@ -18,7 +18,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="enqueue every line of a JSONL file as a job",
         description="Each line is an OpenAI Batch line {custom_id, method, url, body} or a plain "
         '{"prompt": ...} / {"messages": [...]} line with sampling fields. Invalid lines are '
-        "reported on stderr and not enqueued (exit status 1). Prints one job id per line.",
+        "reported on stderr and not enqueued (exit status 1); so is n > 1, which the queued "
+        "service does not support yet (use `inflight generate`). Prints one job id per line.",
     )
     p.add_argument("input", help="JSONL file ('-' for stdin)")
     p.add_argument("--class", dest="queue_class", choices=("batch", "interactive"), default="batch")
@@ -40,6 +41,7 @@ def _lines(stream: TextIO) -> Iterator[tuple[int, str]]:
 def run(args: argparse.Namespace) -> int:
     """Enqueue the file; 0 if every line was enqueued, 1 if some were invalid."""
     from worker.protocol.openai_batch import RequestParseError, parse_request_line
+    from worker.protocol.sampling_params import QUEUED_N_UNSUPPORTED
     from worker.queue.connection import make_redis, redis_url
     from worker.queue.keys import QueueKeys
     from worker.queue.producer import enqueue
@@ -73,6 +75,12 @@ def run(args: argparse.Namespace) -> int:
                 req = parse_request_line(line, line_number=number)
             except RequestParseError as exc:
                 print(f"error: {exc}", file=sys.stderr)
+                bad += 1
+                continue
+            if req.params.n > 1:
+                # The store keeps one sample per job; refuse rather than drop samples.
+                print(f"error: line {number}: n={req.params.n}: {QUEUED_N_UNSUPPORTED}",
+                      file=sys.stderr)
                 bad += 1
                 continue
             pending.append(

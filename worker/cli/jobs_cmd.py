@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                 batch_id=args.batch_id,
                 limit=args.limit,
             )
-            counts = count_by_status(session=s, batch_id=args.batch_id)
+            counts = count_by_status(session=s, batch_id=args.batch_id, tenant=args.tenant)
     finally:
         db.dispose()
     if args.json:

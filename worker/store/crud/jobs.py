@@ -11,7 +11,7 @@ from sqlalchemy import bindparam, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from worker.store.base import UTCDateTime, utcnow
-from worker.store.models import TERMINAL_STATUSES, Job, JobStatus
+from worker.store.models import Job, JobStatus
 from worker.store.schemas import JobResult, NewJob
 
 _OPEN = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
@@ -78,11 +78,15 @@ def list_jobs(
     return list(session.scalars(stmt))
 
 
-def count_by_status(*, session: Session, batch_id: str | None = None) -> dict[str, int]:
-    """How many jobs are in each status (optionally within one batch)."""
+def count_by_status(
+    *, session: Session, batch_id: str | None = None, tenant: str | None = None
+) -> dict[str, int]:
+    """How many jobs are in each status (optionally within one batch and/or one tenant)."""
     stmt = select(Job.status, func.count()).group_by(Job.status)
     if batch_id:
         stmt = stmt.where(Job.batch_id == batch_id)
+    if tenant:
+        stmt = stmt.where(Job.tenant == tenant)
     return {status: n for status, n in session.execute(stmt)}
 
 
@@ -221,6 +225,3 @@ def open_jobs(
     return list(session.scalars(stmt))
 
 
-def is_terminal(status: str | None) -> bool:
-    """True for succeeded, failed and cancelled."""
-    return status in TERMINAL_STATUSES
