@@ -3,9 +3,9 @@
 ``F.linear`` on the CPU calls an sgemm that re-packs the weight matrix on every call; at a
 decode step's row counts (1 to ~100) that packing costs more than the arithmetic. oneDNN
 can pack a weight once into its blocked layout and run each step's matmul straight from
-it. On the 2-core development machine, all 30 SmolLM2 layers' projections took 70 ms at
-40 rows through ``F.linear`` and 28 ms prepacked (121 against 303 GFLOP/s);
-``benchmarks/step_time.py`` shows the effect on whole steps.
+it. On the 2-core development machine, all 30 SmolLM2 layers' projections take 82 ms at
+40 rows through ``F.linear`` and 26 ms prepacked (103 against 330 GFLOP/s,
+``benchmarks/matmul_rate.py``); ``benchmarks/step_time.py`` shows the effect on whole steps.
 
 Each output row depends only on its input row, so a sequence's result does not change
 with the batch it is in (the engine's batch invariance holds; tests check it).
