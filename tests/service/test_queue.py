@@ -159,3 +159,23 @@ def test_reconciler_republishes_after_flush(session_factory, redis_client, keys)
     assert {d.message.attempt for d in again if d.job_id == got[0].job_id} == {1}
     # once published they are present: a second pass does nothing
     assert reconcile(session_factory=session_factory, redis_client=redis_client, keys=keys, grace=timedelta(0)) == []
+
+
+def test_consumer_name_lock_renews_only_for_its_holder(redis_client, keys) -> None:
+    import threading
+
+    from worker.service.naming import acquire_name, release_name, renew_name
+
+    name, token = acquire_name(redis_client=redis_client, keys=keys, name="n1", ttl_s=5,
+                               stop=threading.Event())
+    lock = keys.consumer_lock(name)
+    assert renew_name(redis_client=redis_client, keys=keys, name=name, token=token, ttl_s=30)
+    assert redis_client.pttl(lock) > 20_000
+    redis_client.set(lock, "someone-else")
+    assert not renew_name(redis_client=redis_client, keys=keys, name=name, token=token, ttl_s=30)
+    release_name(redis_client=redis_client, keys=keys, name=name, token=token)
+    assert redis_client.get(lock) == "someone-else"  # not ours: left alone
+    redis_client.delete(lock)
+    assert renew_name(redis_client=redis_client, keys=keys, name=name, token=token, ttl_s=30)
+    release_name(redis_client=redis_client, keys=keys, name=name, token=token)
+    assert redis_client.get(lock) is None

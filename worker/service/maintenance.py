@@ -20,6 +20,7 @@ from worker.queue.trim import trim_streams
 from worker.service.config import WorkerConfig
 from worker.service.flags import Flags
 from worker.service.inflight import Registry
+from worker.service.naming import renew_name
 from worker.store.crud.workers import heartbeat
 
 log = logging.getLogger(__name__)
@@ -106,10 +107,13 @@ class Maintenance:
         entries = self.registry.entries()
         try:
             touch(redis_client=self.redis, keys=self.keys, consumer=self.consumer, entries=entries)
-            lock = self.keys.consumer_lock(self.consumer)
-            ttl_ms = int(self.config.lock_ttl * 1000)
-            if self.redis.get(lock) in (None, self.lock_token):
-                self.redis.set(lock, self.lock_token, px=ttl_ms)
+            held = renew_name(redis_client=self.redis, keys=self.keys, name=self.consumer,
+                              token=self.lock_token, ttl_s=self.config.lock_ttl)
+            if not held and not self.flags.draining.is_set():
+                # Two live processes must not share a consumer name: hand the work back.
+                log.error("consumer name %r was taken by another process; draining",
+                          self.consumer)
+                self.flags.request_drain()
         finally:
             with self.session_factory.begin() as session:
                 heartbeat(session=session, worker_id=self.worker_id, status=self.status_fn())

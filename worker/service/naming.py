@@ -50,8 +50,28 @@ def acquire_name(
     raise RuntimeError(f"no free consumer name among {host}..{host}-{max_suffix - 1}")
 
 
+# Atomic, so another process cannot take the name between our check and our write.
+_RENEW = """
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if not held then return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) and 1 or 0 end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def renew_name(
+    *, redis_client: redis.Redis, keys: QueueKeys, name: str, token: str, ttl_s: float
+) -> bool:
+    """Extend our lock on ``name`` (or take it back if it expired); False when another
+    process holds it now."""
+    lock = keys.consumer_lock(name)
+    return bool(redis_client.eval(_RENEW, 1, lock, token, int(ttl_s * 1000)))
+
+
 def release_name(*, redis_client: redis.Redis, keys: QueueKeys, name: str, token: str) -> None:
     """Give the name back if we still hold it."""
-    lock = keys.consumer_lock(name)
-    if redis_client.get(lock) == token:
-        redis_client.delete(lock)
+    redis_client.eval(_RELEASE, 1, keys.consumer_lock(name), token)
