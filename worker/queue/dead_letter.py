@@ -9,7 +9,6 @@ from collections.abc import Sequence
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from worker.queue.consumer import ack
 from worker.queue.delivery import Delivery
 from worker.queue.keys import QueueKeys
 from worker.store.crud.jobs import fail_job
@@ -29,23 +28,13 @@ def dead_letter(
     deliveries: Sequence[Delivery],
     reason: str,
 ) -> list[str]:
-    """Move entries to the dead-letter stream, fail their jobs with ``reason`` (committed),
-    then ack them. Returns the failed job ids. Nothing is acked if the SQL write fails."""
+    """Fail the entries' jobs with ``reason`` (committed first), then move the entries to
+    the dead-letter stream and ack them in one Redis transaction. Returns the job ids this
+    call failed. Nothing is acked if the SQL write fails, and a retry after a Redis failure
+    neither fails a job twice (the write is conditional on the job being open) nor writes
+    a dead entry twice (XADD and XACK commit together)."""
     if not deliveries:
         return []
-    pipe = redis_client.pipeline(transaction=False)
-    for d in deliveries:
-        fields = dict(d.fields or {})
-        fields.update(
-            {
-                "dead_reason": reason if d.error is None else f"{reason}; {d.error}",
-                "dead_stream": d.stream,
-                "dead_entry_id": d.entry_id,
-                "dead_deliveries": str(d.deliveries),
-            }
-        )
-        pipe.xadd(keys.dead, fields)  # type: ignore[arg-type]
-    pipe.execute()
     failed: list[str] = []
     with session_factory.begin() as session:
         for d in deliveries:
@@ -57,6 +46,19 @@ def dead_letter(
                 message += f"; {d.error}"
             if fail_job(session=session, job_id=job_id, error=message):
                 failed.append(job_id)
-    ack(redis_client=redis_client, keys=keys, entries=[(d.stream, d.entry_id) for d in deliveries])
+    pipe = redis_client.pipeline(transaction=True)
+    for d in deliveries:
+        fields = dict(d.fields or {})
+        fields.update(
+            {
+                "dead_reason": reason if d.error is None else f"{reason}; {d.error}",
+                "dead_stream": d.stream,
+                "dead_entry_id": d.entry_id,
+                "dead_deliveries": str(d.deliveries),
+            }
+        )
+        pipe.xadd(keys.dead, fields)  # type: ignore[arg-type]
+        pipe.xack(d.stream, keys.group, d.entry_id)
+    pipe.execute()
     log.warning("dead-lettered %d entries: %s", len(deliveries), json.dumps(failed))
     return failed
