@@ -89,11 +89,10 @@ def get_backend(device: torch.device | str, prefer: str | None = None) -> Attent
         from kernels import cpu_native
 
         try:
-            cpu_native.load_extension()
+            return cpu_native.make_backend()
         except Exception as exc:  # no compiler or ninja: slower but correct
             if prefer == "cpu":
                 raise RuntimeError(f"the native CPU backend does not build here: {exc}") from exc
             warnings.warn(f"native CPU attention unavailable, using pure torch: {exc}", stacklevel=2)
             return TORCH_BACKEND
-        return cpu_native.CPU_NATIVE_BACKEND
     raise ValueError(f"unknown attention backend {want!r}; expected 'torch', 'cpu' or 'triton'")

@@ -6,6 +6,12 @@ over a cached prefix: all of decode, and prefill steps whose chunks are short. I
 with ``torch.utils.cpp_extension`` (g++ and ninja; the build is cached under
 ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) and runs on torch's
 intra-op thread pool. KV writes stay with the reference (one ``index_copy_`` per step).
+
+The kernel is built once per instruction set: ``avx512`` (16-float vectors) or ``avx2``
+(8-float vectors), chosen at run time from the CPU's capability as torch reports it, so a
+cache built on one machine is never loaded on a machine that lacks its instructions and an
+AVX2-only machine gets a kernel made for it. ``INFLIGHT_CPU_ISA=avx2`` forces the AVX2
+build on an AVX-512 machine (the tests run both).
 """
 
 from __future__ import annotations
@@ -25,19 +31,54 @@ from kernels.backend import AttentionBackend
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"
 EXTENSION_NAME = "inflight_paged_attention_cpu"
 SHORT_CHUNK = 32  # longest query chunk the native kernel takes in prefill_attention
+ISA_FLAGS = {  # compiler flags of each build; the source picks its vector width from them
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
+}
+ISA_ENV = "INFLIGHT_CPU_ISA"
+
+
+def supported_isas() -> list[str]:
+    """The kernel builds this CPU can run, widest first (torch's own CPU capability check)."""
+    capability = torch.backends.cpu.get_cpu_capability().upper()
+    if capability.startswith("AVX512"):
+        return ["avx512", "avx2"]
+    if capability == "AVX2":
+        return ["avx2"]
+    return []
+
+
+def default_isa() -> str:
+    """The build to use: ``INFLIGHT_CPU_ISA`` when set, else the widest this CPU runs."""
+    isas = supported_isas()
+    wanted = os.environ.get(ISA_ENV, "").strip().lower()
+    if wanted:
+        if wanted not in ISA_FLAGS:
+            raise ValueError(f"{ISA_ENV}={wanted!r}: expected one of {sorted(ISA_FLAGS)}")
+        if wanted not in isas:
+            raise RuntimeError(f"{ISA_ENV}={wanted!r}: this CPU supports only {isas or 'neither'}")
+        return wanted
+    if not isas:
+        raise RuntimeError("the native CPU kernel needs AVX2 or AVX-512; this CPU has neither")
+    return isas[0]
+
+
+def load_extension(isa: str | None = None) -> ModuleType:
+    """The extension built for ``isa`` (default: :func:`default_isa`), compiled on the first
+    call on a machine; raises if it cannot build."""
+    return _load(isa or default_isa())
 
 
 @functools.cache
-def load_extension() -> ModuleType:
-    """Compile (first call on a machine) or load the extension; raises if it cannot build."""
+def _load(isa: str) -> ModuleType:
     from torch.utils.cpp_extension import load
 
     if shutil.which("ninja") is None:  # the pip `ninja` wheel puts it next to the interpreter
         os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     return load(
-        name=EXTENSION_NAME,
+        name=f"{EXTENSION_NAME}_{isa}",
         sources=[str(SOURCE)],
-        extra_cflags=["-O3", "-march=native", "-fopenmp"],
+        extra_cflags=["-O3", *ISA_FLAGS[isa], "-fopenmp"],
         extra_ldflags=["-fopenmp"],
         verbose=False,
     )
@@ -50,11 +91,12 @@ def decode_attention(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq]
     context_lens: torch.Tensor,  # [num_seqs], includes the query token itself
     scale: float,
+    ext: ModuleType | None = None,  # the build to run (default: load_extension())
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """One query per sequence over its whole context (see kernels.reference.decode_attention)."""
     num_seqs = query.shape[0]
     cu_seqlens_q = torch.arange(num_seqs + 1, dtype=torch.int64)  # [num_seqs + 1], one query each
-    return load_extension().paged_attention(
+    return (ext or load_extension()).paged_attention(
         query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, float(scale)
     )
 
@@ -67,6 +109,7 @@ def prefill_attention(
     cu_seqlens_q: torch.Tensor,  # [num_seqs + 1]
     context_lens: torch.Tensor,  # [num_seqs], cached prefix + this chunk
     scale: float,
+    ext: ModuleType | None = None,  # the build to run (default: load_extension())
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Ragged causal chunks over a cached prefix (see kernels.reference.prefill_attention).
 
@@ -80,14 +123,22 @@ def prefill_attention(
         return reference.prefill_attention(
             query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
         )
-    return load_extension().paged_attention(
+    return (ext or load_extension()).paged_attention(
         query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, float(scale)
     )
 
 
-CPU_NATIVE_BACKEND = AttentionBackend(
-    name="cpu",
-    write_kv=reference.write_kv,
-    decode_attention=decode_attention,
-    prefill_attention=prefill_attention,
-)
+def make_backend(isa: str | None = None) -> AttentionBackend:
+    """The native backend bound to the build for ``isa`` (default: :func:`default_isa`),
+    which is compiled here if this machine has not built it yet."""
+    ext = load_extension(isa)
+
+    def decode(query, k_cache, v_cache, block_tables, context_lens, scale):  # type: ignore[no-untyped-def]
+        return decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, ext)
+
+    def prefill(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):  # type: ignore[no-untyped-def]
+        return prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q,
+                                 context_lens, scale, ext)
+
+    return AttentionBackend(name="cpu", write_kv=reference.write_kv,
+                            decode_attention=decode, prefill_attention=prefill)

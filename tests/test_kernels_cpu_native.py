@@ -14,10 +14,17 @@ import torch
 from kernels import cpu_native, get_backend, reference
 from tests.test_kernels_reference import RAGGED, cu_seqlens, make_paged_batch, naive_attention
 
+ISAS = cpu_native.supported_isas()
 
-@pytest.fixture(scope="module", autouse=True)
-def _built() -> None:
+
+@pytest.fixture(autouse=True, params=ISAS or ["none"])
+def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs once per kernel build this CPU can execute (AVX-512 and AVX2 here)."""
+    if request.param == "none":
+        pytest.fail("this CPU has neither AVX2 nor AVX-512: the native kernel cannot run")
+    monkeypatch.setenv(cpu_native.ISA_ENV, request.param)
     cpu_native.load_extension()
+    return request.param
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
@@ -105,6 +112,33 @@ def test_bad_shapes_are_refused() -> None:
     with pytest.raises(RuntimeError, match="heads not a multiple"):
         ext.paged_attention(torch.randn(1, 3, 32), batch.k_cache, batch.v_cache,
                             batch.block_tables, cu_seqlens([1]), batch.context_lens, 1.0)
+
+
+def test_vexp_softmax_matches_float64_over_a_wide_score_range(isa: str) -> None:
+    # Scores from -100 to +100 exercise the polynomial exp's range reduction and its
+    # underflow to exactly 0; one huge score makes every other weight vanish.
+    batch = make_paged_batch([130, 17, 64], 16, 1, 64, seed=3)
+    query = torch.randn(3, 2, 64) * 6.0
+    out = cpu_native.decode_attention(
+        query, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 1.0)
+    for i in range(3):
+        want = naive_attention(query[i : i + 1], batch.keys[i], batch.values[i], 1.0)
+        torch.testing.assert_close(out[i : i + 1].double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_default_build_follows_the_cpu_and_the_override(isa: str) -> None:
+    assert cpu_native.default_isa() == isa  # the fixture set INFLIGHT_CPU_ISA
+    assert cpu_native.supported_isas()[0] in ("avx512", "avx2")
+
+
+def test_an_unknown_or_unsupported_isa_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cpu_native.ISA_ENV, "neon")
+    with pytest.raises(ValueError, match="expected one of"):
+        cpu_native.default_isa()
+    if "avx512" not in cpu_native.supported_isas():
+        monkeypatch.setenv(cpu_native.ISA_ENV, "avx512")
+        with pytest.raises(RuntimeError, match="supports only"):
+            cpu_native.default_isa()
 
 
 def test_cpu_devices_get_the_native_backend() -> None:

@@ -16,6 +16,13 @@
 // key row is loaded once per tile. Softmax is online (running max and denominator per
 // query vector), accumulated in fp32 whatever the cache dtype. Work items run on torch's
 // intra-op thread pool (at::parallel_for), so torch.set_num_threads governs them.
+//
+// The same source is compiled once per instruction set (kernels/cpu_native.py picks the
+// build from the CPU's flags at run time): with AVX-512 a vector holds 16 floats, with AVX2
+// 8. Scores, the softmax's exponentials and the value accumulation all run on those
+// vectors; exp is a Cephes-style polynomial (about 1 ulp), since a scalar std::exp per
+// score cost more than the dot products. A bf16 or fp16 cache is widened to fp32 lanes as
+// it is loaded, so reduced-precision caches take the same vector path.
 
 #include <torch/extension.h>
 
@@ -39,63 +46,128 @@ struct WorkItem {
   int64_t tile_end;    // one past the last
 };
 
-// 8 floats in one AVX register (GCC/Clang vector extension; -march=native picks the ISA).
-typedef float v8f __attribute__((vector_size(32)));
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;  // one zmm register
+#elif defined(__AVX2__)
+constexpr int kLanes = 8;  // one ymm register
+#else
+#error "build with -mavx2 -mfma or -mavx512f (kernels/cpu_native.py chooses the flags)"
+#endif
 
-inline v8f load8(const float* p) {
-  v8f r;
-  std::memcpy(&r, p, sizeof(r));
-  return r;
+// kLanes floats in one vector register (GCC/Clang vector extensions).
+typedef float vf __attribute__((vector_size(4 * kLanes)));
+typedef int32_t vi __attribute__((vector_size(4 * kLanes)));
+typedef uint16_t vh __attribute__((vector_size(2 * kLanes)));
+typedef uint32_t vu __attribute__((vector_size(4 * kLanes)));
+
+inline vf splat(float x) { return vf{} + x; }
+
+// kLanes consecutive elements as fp32 lanes: fp32 is copied, bf16 shifted into the high half
+// of each lane, fp16 converted by the compiler (F16C).
+template <typename scalar_t>
+inline vf loadv(const scalar_t* p) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    vf r;
+    std::memcpy(&r, p, sizeof(r));
+    return r;
+  } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    vh h;
+    std::memcpy(&h, p, sizeof(h));
+    vu w = __builtin_convertvector(h, vu) << 16;
+    vf r;
+    std::memcpy(&r, &w, sizeof(r));
+    return r;
+  } else {
+    vf r;
+    for (int i = 0; i < kLanes; ++i) r[i] = static_cast<float>(p[i]);
+    return r;
+  }
 }
 
-inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
+inline void storev(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
 
-inline float hsum8(v8f v) {
-  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+inline float hsum(vf v) {
+  float s = 0.f;
+  for (int i = 0; i < kLanes; ++i) s += v[i];
+  return s;
+}
+
+inline float hmax(vf v) {
+  float m = v[0];
+  for (int i = 1; i < kLanes; ++i) m = std::max(m, v[i]);
+  return m;
+}
+
+// e^x per lane, for x <= 0 (softmax arguments after subtracting the running max); -inf gives
+// exactly 0. Range reduction x = n ln2 + r, |r| <= ln2 / 2, then Cephes' degree-6 expf
+// polynomial for e^r and 2^n put into the exponent bits.
+inline vf vexp(vf x) {
+  const vf lo = splat(-87.3f);
+  const vi dead = x < lo;  // -1 where the result underflows (and for -inf)
+  x = x < lo ? lo : x;
+  const vf fx = x * splat(1.44269504088896341f) + splat(0.5f);
+  vi n = __builtin_convertvector(fx, vi);  // truncates toward zero
+  n += __builtin_convertvector(n, vf) > fx;  // floor: -1 where truncation rounded up
+  const vf nf = __builtin_convertvector(n, vf);
+  vf r = x - nf * splat(0.693359375f);
+  r = r - nf * splat(-2.12194440e-4f);
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + splat(1.3981999507e-3f);
+  p = p * r + splat(8.3334519073e-3f);
+  p = p * r + splat(4.1665795894e-2f);
+  p = p * r + splat(1.6666665459e-1f);
+  p = p * r + splat(5.0000001201e-1f);
+  p = p * (r * r) + r + splat(1.f);
+  const vi bits = (n + 127) << 23;
+  vf scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  vf out = p * scale;
+  return dead ? splat(0.f) : out;
 }
 
 // scores[v] = q[v] . k_row for vectors [0, nvec): the key row stays in registers and four
 // query vectors are dotted at once, so four independent FMA chains are in flight.
-template <int D>
-inline void dot_rows(const float* q, const float* k_row, int64_t nvec, float* scores,
+template <typename scalar_t, int D>
+inline void dot_rows(const float* q, const scalar_t* k_row, int64_t nvec, float* scores,
                      int64_t score_stride) {
-  constexpr int C = D / 8;
-  v8f kr[C];
-  for (int c = 0; c < C; ++c) kr[c] = load8(k_row + 8 * c);
+  constexpr int C = D / kLanes;
+  vf kr[C];
+  for (int c = 0; c < C; ++c) kr[c] = loadv(k_row + kLanes * c);
   int64_t v = 0;
   for (; v + 4 <= nvec; v += 4) {
-    v8f a0 = {}, a1 = {}, a2 = {}, a3 = {};
+    vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
     const float* q0 = q + v * D;
     for (int c = 0; c < C; ++c) {
-      a0 += load8(q0 + 8 * c) * kr[c];
-      a1 += load8(q0 + D + 8 * c) * kr[c];
-      a2 += load8(q0 + 2 * D + 8 * c) * kr[c];
-      a3 += load8(q0 + 3 * D + 8 * c) * kr[c];
+      a0 += loadv(q0 + kLanes * c) * kr[c];
+      a1 += loadv(q0 + D + kLanes * c) * kr[c];
+      a2 += loadv(q0 + 2 * D + kLanes * c) * kr[c];
+      a3 += loadv(q0 + 3 * D + kLanes * c) * kr[c];
     }
-    scores[v * score_stride] = hsum8(a0);
-    scores[(v + 1) * score_stride] = hsum8(a1);
-    scores[(v + 2) * score_stride] = hsum8(a2);
-    scores[(v + 3) * score_stride] = hsum8(a3);
+    scores[v * score_stride] = hsum(a0);
+    scores[(v + 1) * score_stride] = hsum(a1);
+    scores[(v + 2) * score_stride] = hsum(a2);
+    scores[(v + 3) * score_stride] = hsum(a3);
   }
   for (; v < nvec; ++v) {
-    v8f a = {};
-    for (int c = 0; c < C; ++c) a += load8(q + v * D + 8 * c) * kr[c];
-    scores[v * score_stride] = hsum8(a);
+    vf a = {};
+    for (int c = 0; c < C; ++c) a += loadv(q + v * D + kLanes * c) * kr[c];
+    scores[v * score_stride] = hsum(a);
   }
 }
 
 // acc[v] += p[v] * v_row for every vector with a non-zero weight; v_row stays in registers.
-template <int D>
-inline void accumulate_rows(const float* p, int64_t p_stride, const float* v_row, int64_t nvec,
-                            float* acc) {
-  constexpr int C = D / 8;
-  v8f vr[C];
-  for (int c = 0; c < C; ++c) vr[c] = load8(v_row + 8 * c);
+template <typename scalar_t, int D>
+inline void accumulate_rows(const float* p, int64_t p_stride, const scalar_t* v_row,
+                            int64_t nvec, float* acc) {
+  constexpr int C = D / kLanes;
+  vf vr[C];
+  for (int c = 0; c < C; ++c) vr[c] = loadv(v_row + kLanes * c);
   for (int64_t v = 0; v < nvec; ++v) {
     const float w = p[v * p_stride];
     if (w == 0.f) continue;
     float* a = acc + v * D;
-    for (int c = 0; c < C; ++c) store8(a + 8 * c, load8(a + 8 * c) + w * vr[c]);
+    const vf wv = splat(w);
+    for (int c = 0; c < C; ++c) storev(a + kLanes * c, loadv(a + kLanes * c) + wv * vr[c]);
   }
 }
 
@@ -113,14 +185,48 @@ inline void axpy(float w, const scalar_t* v, float* acc, int64_t head_dim) {
   for (int64_t d = 0; d < head_dim; ++d) acc[d] += w * static_cast<float>(v[d]);
 }
 
-// D > 0: fp32 cache and a head_dim of D (registers and unrolled loops); D == 0: any dtype
-// and head_dim, scalar loops.
+// Softmax of one block's scores for one query vector, folded into the running state:
+// s[0, padded) holds the scores (-inf where the key is invisible or past the block's end);
+// on return it holds the unnormalised weights e^(s - new_max), and acc, run_max and run_sum
+// are rescaled and updated. Returns false when nothing in the block was visible.
+inline bool softmax_block(float* s, int64_t padded, float* acc, int64_t head_dim,
+                          float& run_max, float& run_sum) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  vf m = splat(kNegInf);
+  for (int64_t j = 0; j < padded; j += kLanes) {
+    const vf x = loadv(s + j);
+    m = x > m ? x : m;
+  }
+  const float block_max = hmax(m);
+  if (block_max == kNegInf) {
+    std::fill(s, s + padded, 0.f);
+    return false;
+  }
+  const float new_max = std::max(run_max, block_max);
+  const float correction = std::exp(run_max - new_max);  // exp(-inf) = 0 at the start
+  if (correction != 1.f) {
+    for (int64_t d = 0; d < head_dim; ++d) acc[d] *= correction;
+  }
+  vf sum = {};
+  for (int64_t j = 0; j < padded; j += kLanes) {
+    const vf e = vexp(loadv(s + j) - splat(new_max));  // -inf - max = -inf -> 0
+    storev(s + j, e);
+    sum += e;
+  }
+  run_sum = run_sum * correction + hsum(sum);
+  run_max = new_max;
+  return true;
+}
+
+// D > 0: a head_dim of D, register-blocked with the cache widened to fp32 lanes as it is
+// read; D == 0: any head_dim, scalar dot products and value sums.
 template <typename scalar_t, int D>
 void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cache,
               const scalar_t* v_cache, const int64_t* block_tables, const int64_t* cu_q,
               const int64_t* context_lens, scalar_t* out, int64_t max_blocks,
               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
               float scale) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t group = num_heads / num_kv_heads;
   const int64_t q_start = cu_q[item.seq];
   const int64_t q_len = cu_q[item.seq + 1] - q_start;
@@ -130,14 +236,16 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
   const int64_t nvec = tile_tokens * group;  // query vectors in this tile
   const int64_t* table = block_tables + item.seq * max_blocks;
   const int64_t row_stride = num_kv_heads * head_dim;  // between consecutive slots
+  // A score row per query vector, padded to whole vectors: [nvec, padded]
+  const int64_t padded = (block_size + kLanes - 1) / kLanes * kLanes;
 
   // q_tile[v][d]: query vector v = token t * group + g, pre-scaled.
   std::vector<float> q_tile(nvec * head_dim);
   std::vector<float> acc(nvec * head_dim, 0.f);
-  std::vector<float> run_max(nvec, -std::numeric_limits<float>::infinity());
+  std::vector<float> run_max(nvec, kNegInf);
   std::vector<float> run_sum(nvec, 0.f);
   std::vector<int64_t> last_key(nvec);  // highest key position the vector may see
-  std::vector<float> scores(nvec * block_size);
+  std::vector<float> scores(nvec * padded);
   for (int64_t t = 0; t < tile_tokens; ++t) {
     const int64_t token = q_start + item.tile_start + t;
     for (int64_t g = 0; g < group; ++g) {
@@ -155,50 +263,31 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
     const int64_t n_keys = std::min(block_size, tile_last_key + 1 - base_pos);
     const scalar_t* k_block = k_cache + block * block_size * row_stride + item.kv_head * head_dim;
     const scalar_t* v_block = v_cache + block * block_size * row_stride + item.kv_head * head_dim;
-    // scores[v][j] for the block's visible keys; keys a vector may not see get -inf.
+    // scores[v][j] for the block's visible keys; invisible and missing keys get -inf.
     for (int64_t j = 0; j < n_keys; ++j) {
       const scalar_t* k_row = k_block + j * row_stride;
       if constexpr (D > 0) {
-        dot_rows<D>(q_tile.data(), k_row, nvec, scores.data() + j, block_size);
+        dot_rows<scalar_t, D>(q_tile.data(), k_row, nvec, scores.data() + j, padded);
       } else {
         for (int64_t v = 0; v < nvec; ++v) {
-          scores[v * block_size + j] = dot(q_tile.data() + v * head_dim, k_row, head_dim);
+          scores[v * padded + j] = dot(q_tile.data() + v * head_dim, k_row, head_dim);
         }
       }
-      for (int64_t v = 0; v < nvec; ++v) {  // causal: a query sees no key after itself
-        if (base_pos + j > last_key[v]) scores[v * block_size + j] = -std::numeric_limits<float>::infinity();
-      }
     }
-    for (int64_t v = 0; v < nvec; ++v) {
-      float* s = scores.data() + v * block_size;
-      float block_max = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < n_keys; ++j) block_max = std::max(block_max, s[j]);
-      if (block_max == -std::numeric_limits<float>::infinity()) {
-        for (int64_t j = 0; j < n_keys; ++j) s[j] = 0.f;  // nothing visible in this block
-        continue;
-      }
-      const float new_max = std::max(run_max[v], block_max);
-      const float correction = std::exp(run_max[v] - new_max);  // exp(-inf) = 0 at start
-      float* a = acc.data() + v * head_dim;
-      if (correction != 1.f) {
-        for (int64_t d = 0; d < head_dim; ++d) a[d] *= correction;
-      }
-      float block_sum = 0.f;
-      for (int64_t j = 0; j < n_keys; ++j) {
-        s[j] = (s[j] == -std::numeric_limits<float>::infinity()) ? 0.f : std::exp(s[j] - new_max);
-        block_sum += s[j];
-      }
-      run_sum[v] = run_sum[v] * correction + block_sum;
-      run_max[v] = new_max;
+    for (int64_t v = 0; v < nvec; ++v) {  // causal: a query sees no key after itself
+      const int64_t visible = std::max<int64_t>(0, std::min(n_keys, last_key[v] - base_pos + 1));
+      std::fill(scores.data() + v * padded + visible, scores.data() + (v + 1) * padded, kNegInf);
+      softmax_block(scores.data() + v * padded, padded, acc.data() + v * head_dim, head_dim,
+                    run_max[v], run_sum[v]);
     }
     // acc[v] += sum_j p[v][j] * V[j]: each value row is loaded once for all vectors.
     for (int64_t j = 0; j < n_keys; ++j) {
       const scalar_t* v_row = v_block + j * row_stride;
       if constexpr (D > 0) {
-        accumulate_rows<D>(scores.data() + j, block_size, v_row, nvec, acc.data());
+        accumulate_rows<scalar_t, D>(scores.data() + j, padded, v_row, nvec, acc.data());
       } else {
         for (int64_t v = 0; v < nvec; ++v) {
-          const float p = scores[v * block_size + j];
+          const float p = scores[v * padded + j];
           if (p != 0.f) axpy(p, v_row, acc.data() + v * head_dim, head_dim);
         }
       }
@@ -228,21 +317,20 @@ void run_items(const std::vector<WorkItem>& items, const scalar_t* q, const scal
   });
 }
 
-// fp32 with a head_dim of 64 or 128 takes the register-blocked path; the rest is scalar.
+// A head_dim of 64 or 128 takes the register-blocked path (any cache dtype); the rest is
+// scalar.
 template <typename scalar_t>
 void launch(const std::vector<WorkItem>& items, const scalar_t* q, const scalar_t* k,
             const scalar_t* v, const int64_t* bt, const int64_t* cu_q, const int64_t* ctx,
             scalar_t* out, int64_t max_blocks, int64_t num_heads, int64_t num_kv_heads,
             int64_t head_dim, int64_t block_size, float scale) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    if (head_dim == 64) {
-      return run_items<float, 64>(items, q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
-                                  num_kv_heads, head_dim, block_size, scale);
-    }
-    if (head_dim == 128) {
-      return run_items<float, 128>(items, q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
+  if (head_dim == 64) {
+    return run_items<scalar_t, 64>(items, q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
                                    num_kv_heads, head_dim, block_size, scale);
-    }
+  }
+  if (head_dim == 128) {
+    return run_items<scalar_t, 128>(items, q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
+                                    num_kv_heads, head_dim, block_size, scale);
   }
   run_items<scalar_t, 0>(items, q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
                          num_kv_heads, head_dim, block_size, scale);
