@@ -133,10 +133,10 @@ def make_backend(isa: str | None = None) -> AttentionBackend:
     which is compiled here if this machine has not built it yet."""
     ext = load_extension(isa)
 
-    def decode(query, k_cache, v_cache, block_tables, context_lens, scale):  # type: ignore[no-untyped-def]
+    def decode(query, k_cache, v_cache, block_tables, context_lens, scale):
         return decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, ext)
 
-    def prefill(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):  # type: ignore[no-untyped-def]
+    def prefill(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
         return prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q,
                                  context_lens, scale, ext)
 

@@ -16,8 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _small_workload(path: Path) -> list[int]:
-    """Ten requests with short outputs, so every configuration runs in about a second."""
-    outs = [3, 20, 5, 8, 4, 12, 6, 3, 9, 7]
+    """Twenty requests with short outputs, so every configuration runs in about a second;
+    more than 16, so a second cohort of static-16 waits for the first's longest member."""
+    outs = [3, 20, 5, 8, 4, 12, 6, 3, 9, 7, 4, 3, 5, 6, 3, 4, 18, 3, 4, 5]
     with open(path, "w", encoding="utf-8") as f:
         for i, n in enumerate(outs):
             row = {"id": f"r{i}", "prompt_token_ids": list(range(5, 9 + 3 * i)), "max_tokens": n}
@@ -32,7 +33,7 @@ def test_bench_smoke_tiny_llama(tmp_path: Path, capsys) -> None:
     out_dir = tmp_path / "out"
     threads = torch.get_num_threads()
     try:  # one thread: a tiny model gains nothing from two, and suffers on a busy machine
-        status = main(["bench", "--model", "tiny-llama", "--limit", "8", "-q", "--threads", "1",
+        status = main(["bench", "--model", "tiny-llama", "--limit", "20", "-q", "--threads", "1",
                        "--workload", str(tmp_path / "w.jsonl"), "--out-dir", str(out_dir)])
     finally:
         torch.set_num_threads(threads)
@@ -44,15 +45,18 @@ def test_bench_smoke_tiny_llama(tmp_path: Path, capsys) -> None:
                 "targets", "complete"):
         assert key in data
     assert data["complete"] is True
-    assert set(data["runs"]) == {"static-16", "continuous-16", "continuous-64",
-                                 "continuous-64+ngram", "hf-16"}
-    assert data["runs"]["continuous-64+ngram"]["speculative_tokens"] > 0
-    assert data["runs"]["continuous-64"]["draft_tokens"] == 0
-    assert data["runs"]["continuous-64"]["peak_rss_bytes"] > 0
-    assert data["workload"]["num_requests"] == 8
+    assert set(data["runs"]) == {"inflight", "inflight-bf16", "static-16", "continuous-16",
+                                 "hf-16"}
+    assert data["runs"]["inflight"]["peak_rss_bytes"] > 0
+    assert data["runs"]["inflight-bf16"]["dtype"] == "bfloat16"
+    assert data["agreement_reference"] == "inflight"
+    assert data["runs"]["continuous-16"]["agreement"] == 1.0  # fp32 greedy: the same tokens
+    assert 0 <= data["runs"]["inflight-bf16"]["agreement"] <= 1
+    assert data["machine"]["cpu"]["vector_extensions"]  # the CPU is named with every figure
+    assert data["workload"]["num_requests"] == 20
     assert 0 < data["workload"]["u_static"] <= 1
     for name, run in data["runs"].items():
-        assert run["useful_tokens"] == sum(outs[:8]), name
+        assert run["useful_tokens"] == sum(outs), name
         assert run["useful_tokens_per_s"] > 0
         assert 0 <= run["slot_utilization"] <= 1
         if run["kind"] == "engine":
@@ -61,11 +65,14 @@ def test_bench_smoke_tiny_llama(tmp_path: Path, capsys) -> None:
             assert 0 <= run["scheduler_overhead"] < 1
             assert max(run["occupancy"]) <= run["max_num_seqs"]
             assert abs(sum(run["step_time_split"].values()) - 1) < 1e-6
-    # static and continuous do the same useful work; static's slots idle while a cohort drains
-    assert data["runs"]["static-16"]["num_steps"] == max(outs[:8])
-    assert data["runs"]["static-16"]["slot_utilization"] <= (
-        data["runs"]["continuous-16"]["slot_utilization"] + 1e-9)
+    # static and continuous do the same useful work; static's second cohort waits for the
+    # first one's longest member, continuous refills a freed slot on the next step
+    static, continuous = data["runs"]["static-16"], data["runs"]["continuous-16"]
+    assert static["num_steps"] >= max(outs[:16]) + max(outs[16:])
+    assert continuous["num_steps"] < static["num_steps"]
+    assert static["slot_utilization"] < continuous["slot_utilization"]
     assert all(v > 0 for v in data["ratios"].values())
+    assert "inflight / hf-16" in data["ratios"]
 
 
 def test_bench_selected_configs_and_errors(tmp_path: Path) -> None:
@@ -78,6 +85,53 @@ def test_bench_selected_configs_and_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "o" / "bench_occupancy.png").exists()
     assert main([*argv, "--configs", "hf-16"]) == 2  # nothing left once hf is skipped
     assert main(["bench", "--workload", str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_without_the_peer_environment_vllm_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    _small_workload(tmp_path / "w.jsonl")
+    status = main(["bench", "--model", "tiny-llama", "--limit", "2", "-q", "--configs",
+                   "continuous-16", "--peer", "vllm", "--peer-python",
+                   str(tmp_path / "none" / "python"), "--workload", str(tmp_path / "w.jsonl"),
+                   "--out-dir", str(tmp_path / "o")])
+    assert status == 1
+    assert "setup_vllm.sh" in capsys.readouterr().err
+
+
+def test_report_helpers() -> None:
+    from worker.engine.bench.machine import cpu_description
+    from worker.engine.bench.report import agreement, ratios_of
+
+    ref = {"a": [1, 2, 3], "b": [4, 5, 6]}
+    assert agreement(ref, {"a": [1, 2, 3], "b": [4, 0, 6]}, prefix=2) == 0.5
+    assert agreement(ref, {"a": [1, 2, 9], "b": [4, 5, 0]}, prefix=2) == 1.0
+    assert agreement(ref, {}) is None
+    runs = {n: {"useful_tokens_per_s": tps, "useful_tokens": 100, "cpu_seconds": 1.0}
+            for n, tps in (("inflight", 300.0), ("vllm", 200.0), ("hf-16", 50.0))}
+    ratios = ratios_of(runs, 0.5)
+    assert ratios["inflight / vllm"] == 1.5
+    assert ratios["vllm / hf-16"] == 4.0
+    info = cpu_description("model name\t: Some CPU\nflags\t\t: fpu avx2 fma avx512f\n")
+    assert info == {"model": "Some CPU", "vector_extensions": ["avx2", "fma", "avx512f"]}
+
+
+def test_committed_chat_workload_matches_its_generator() -> None:
+    from transformers import AutoTokenizer
+
+    from worker.engine.models.loader import resolve_checkpoint_dir
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import make_chat_workload
+    finally:
+        sys.path.pop(0)
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_checkpoint_dir("smollm2-135m")))
+    requests = read_workload(REPO / "benchmarks" / "chat_workload.jsonl")
+    assert requests == make_chat_workload.make_chat_workload(tokenizer)
+    turns = make_chat_workload.read_turns()
+    assert len(requests) == len(turns) == len(set(turns)) >= 250  # a few hundred, all different
+    assert all(8 <= r.max_tokens <= 512 for r in requests)
+    system = tokenizer.decode(requests[0].prompt_token_ids)
+    assert make_chat_workload.SYSTEM_PROMPT in system and turns[0] in system
 
 
 def test_committed_workload_matches_its_generator() -> None:

@@ -12,17 +12,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
-_CONFIG_NAMES = ("static-16", "continuous-16", "continuous-64", "continuous-64+ngram", "hf-16")
+_CONFIG_NAMES = ("inflight", "inflight-bf16", "static-16", "continuous-16", "continuous-64",
+                 "continuous-64+ngram", "hf-16", "vllm")
+_DEFAULT_CONFIGS = ("inflight", "inflight-bf16", "static-16", "continuous-16", "hf-16")
 _DESCRIPTION = """\
-Time this engine with continuous batching (16 and 64 slots, and 64 with n-gram
-speculative decoding), its static policy (cohorts of 16) and Hugging Face generate
-(left-padded batches of 16) on one fixed workload, in one process, and print the ratios, slot utilization, KV waste and scheduler overhead.
+Time this engine as LLM() builds it (fp32, and bf16 by choice), with continuous batching
+at 16 and 64 slots (64 also with n-gram speculative decoding), its static policy (cohorts
+of 16), Hugging Face generate (left-padded batches of 16) and, with --peer vllm, vLLM for
+the CPU (in its own environment: bash benchmarks/peer/setup_vllm.sh), on one workload, one
+after another in one invocation, and print every ratio, the share of requests whose first
+16 tokens agree with the exact fp32 output, slot utilization, KV waste, peak RSS and the
+machine's CPU and vector extensions. Load, compilation and warm-up are never timed.
 Writes OUT_DIR/bench.json and OUT_DIR/bench_occupancy.png (sequences per step,
 continuous-16 vs static-16)."""
 
 
 def _default_workload() -> str:
-    return str(Path(__file__).resolve().parents[2] / "benchmarks" / "heavy_tailed.jsonl")
+    return str(Path(__file__).resolve().parents[2] / "benchmarks" / "chat_workload.jsonl")
 
 
 def _configs(text: str) -> list[str]:
@@ -49,13 +55,20 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--model", default="smollm2-135m",
                         help="model spec, as for generate (default: %(default)s)")
     parser.add_argument("--workload", default=_default_workload(), metavar="JSONL",
-                        help="requests {id, prompt_token_ids, max_tokens} "
-                             "(default: benchmarks/heavy_tailed.jsonl)")
+                        help="requests {id, prompt_token_ids, max_tokens} (default: "
+                             "benchmarks/chat_workload.jsonl; benchmarks/heavy_tailed.jsonl "
+                             "is the older random-token workload)")
     parser.add_argument("--out-dir", default="benchmarks/results", metavar="DIR",
                         help="where bench.json and the PNG go (default: %(default)s)")
-    parser.add_argument("--configs", type=_configs, default=list(_CONFIG_NAMES),
-                        metavar="A,B", help=f"runs to do (default: {','.join(_CONFIG_NAMES)})")
+    parser.add_argument("--configs", type=_configs, default=list(_DEFAULT_CONFIGS),
+                        metavar="A,B", help=f"runs to do, from {', '.join(_CONFIG_NAMES)} "
+                                            f"(default: {','.join(_DEFAULT_CONFIGS)})")
     parser.add_argument("--skip-hf", action="store_true", help="leave out the hf-16 run")
+    parser.add_argument("--peer", choices=("vllm",), action="append", default=[],
+                        help="also run this peer system in the same invocation")
+    parser.add_argument("--peer-python", type=Path, metavar="PYTHON",
+                        help="the peer environment's interpreter "
+                             "(default: .peer/vllm-venv/bin/python)")
     parser.add_argument("--limit", type=_positive, metavar="N",
                         help="only the first N requests (a quick smoke run)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
@@ -70,9 +83,11 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; 0 on success (targets missed are reported, not an error)."""
-    from worker.engine.bench.runner import BenchOptions, format_report, run_benchmark
+    from worker.engine.bench.report import format_report
+    from worker.engine.bench.runner import BenchOptions, run_benchmark
 
     configs = [c for c in args.configs if not (args.skip_hf and c == "hf-16")]
+    configs += [p for p in args.peer if p not in configs]
     if not configs:
         print("inflight bench: error: no configuration left to run", file=sys.stderr)
         return 2
@@ -83,11 +98,11 @@ def run(args: argparse.Namespace) -> int:
     opts = BenchOptions(
         model=args.model, workload=Path(args.workload), out_dir=Path(args.out_dir),
         configs=configs, limit=args.limit, dtype=args.dtype, threads=args.threads,
-        num_kv_blocks=args.num_kv_blocks, command="inflight " + shlex.join(sys.argv[1:]))
+        num_kv_blocks=args.num_kv_blocks, peer_python=args.peer_python, command="inflight " + shlex.join(sys.argv[1:]))
     say = (lambda _: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     try:
         result = run_benchmark(opts, say=say)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, RuntimeError) as exc:
         print(f"inflight bench: error: {exc}", file=sys.stderr)
         return 1
     print(format_report(result))

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from worker.engine.bench.machine import RssSampler
 from worker.engine.bench.metrics import StepRecord, summarize_steps
 from worker.engine.bench.workload import BenchRequest
 from worker.engine.llm_engine import LLMEngine
@@ -54,37 +55,44 @@ def warm_up(engine: LLMEngine, requests: Sequence[BenchRequest], *, max_num_seqs
         engine.step()
 
 
+def _record(stats: Any, wall: float) -> StepRecord:
+    return StepRecord(
+        scheduled=stats.num_scheduled_seqs, waiting_before=stats.num_waiting_before,
+        prefill_tokens=stats.num_prefill_tokens, decode_tokens=stats.num_decode_tokens,
+        kv_blocks_used=stats.kv_blocks_used, kv_tokens=stats.kv_tokens,
+        schedule_seconds=stats.schedule_seconds, forward_seconds=stats.forward_seconds,
+        sample_seconds=stats.sample_seconds, wall_seconds=wall,
+        preemptions=stats.num_preemptions, draft_tokens=stats.num_draft_tokens,
+        accepted_tokens=stats.num_accepted_tokens,
+    )
+
+
 def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], *, name: str,
                max_num_seqs: int, policy: str, speculative_tokens: int = 0) -> dict[str, Any]:
     """Run every request to its max_tokens under one configuration; figures and per-step
     occupancy of the run."""
     configure(engine, max_num_seqs=max_num_seqs, policy=policy,
               speculative_tokens=speculative_tokens)
-    drafted = accepted = 0
+    token_ids: dict[str, list[int]] = {}
     steps: list[StepRecord] = []
-    generated = 0
-    preemptions = 0
-    cpu0 = time.process_time()
-    t0 = time.perf_counter()
-    for r in requests:
-        engine.add_request(f"{name}-{r.id}", r.prompt_token_ids, _params(r.max_tokens))
-    while engine.has_unfinished_requests():
-        ts = time.perf_counter()
-        outputs, stats = engine.step()
-        wall = time.perf_counter() - ts
-        generated += sum(len(o.token_ids) for o in outputs if o.finished)
-        preemptions += stats.num_preemptions
-        drafted += stats.num_draft_tokens
-        accepted += stats.num_accepted_tokens
-        steps.append(StepRecord(
-            scheduled=stats.num_scheduled_seqs, waiting_before=stats.num_waiting_before,
-            prefill_tokens=stats.num_prefill_tokens, decode_tokens=stats.num_decode_tokens,
-            kv_blocks_used=stats.kv_blocks_used, kv_tokens=stats.kv_tokens,
-            schedule_seconds=stats.schedule_seconds, forward_seconds=stats.forward_seconds,
-            sample_seconds=stats.sample_seconds, wall_seconds=wall,
-        ))
-    seconds = time.perf_counter() - t0
-    cpu_seconds = time.process_time() - cpu0
+    with RssSampler() as rss:
+        cpu0 = time.process_time()
+        t0 = time.perf_counter()
+        for r in requests:
+            engine.add_request(f"{name}-{r.id}", r.prompt_token_ids, _params(r.max_tokens))
+        while engine.has_unfinished_requests():
+            ts = time.perf_counter()
+            outputs, stats = engine.step()
+            steps.append(_record(stats, time.perf_counter() - ts))
+            for o in outputs:
+                if o.finished:
+                    token_ids[o.request_id.removeprefix(f"{name}-")] = list(o.token_ids)
+        seconds = time.perf_counter() - t0
+        cpu_seconds = time.process_time() - cpu0
+    generated = sum(len(t) for t in token_ids.values())
+    preemptions = sum(s.preemptions for s in steps)
+    drafted = sum(s.draft_tokens for s in steps)
+    accepted = sum(s.accepted_tokens for s in steps)
     expected = sum(r.max_tokens for r in requests)
     if generated != expected:
         raise RuntimeError(f"{name}: generated {generated} tokens, expected {expected}")
@@ -104,4 +112,7 @@ def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], *, name: str
         **summarize_steps(steps, max_num_seqs=max_num_seqs, block_size=engine.block_size),
         "occupancy": [s.scheduled for s in steps],
         "waiting": [s.waiting_before for s in steps],
+        "peak_rss_bytes": rss.peak,  # the whole process during this run (model, pool, steps)
+        "prefix_caching": engine.args.enable_prefix_caching,
+        "token_ids": token_ids,  # per request id; the runner keeps them out of the JSON
     }

@@ -54,6 +54,9 @@ class StepRecord:
     forward_seconds: float
     sample_seconds: float
     wall_seconds: float  # engine.step() as timed by the caller
+    preemptions: int = 0
+    draft_tokens: int = 0  # n-gram draft tokens checked in the step
+    accepted_tokens: int = 0  # of which accepted
 
 
 def _mean(values: Sequence[float]) -> float | None:
