@@ -2,6 +2,7 @@
 
     python benchmarks/step_time.py [--model smollm2-135m] [--context 300] [--batches 1,16,64]
                                    [--attention-backend torch|cpu] [--no-prepack-weights]
+                                   [--no-native-ops]
 
 For each batch size, admits that many requests with ``--context``-token prompts, runs
 their prefill, then times decode steps and prints ms/step, tokens/s and the step split:
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from worker.engine import EngineArgs, LLMEngine, SamplingParams
+from worker.engine.bench.machine import cpu_description
 
 
 def _timed(totals: dict[str, float], key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -62,11 +64,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--attention-backend", default=None)
     parser.add_argument("--no-prepack-weights", dest="prepack", action="store_false", default=None)
+    parser.add_argument("--no-native-ops", dest="native_ops", action="store_false",
+                        help="torch's separate ops instead of the fused native norm/RoPE/SiLU")
     args = parser.parse_args()
     sizes = [int(b) for b in args.batches.split(",")]
     engine = LLMEngine(EngineArgs(
         model=args.model, max_num_seqs=max(sizes), num_threads=args.threads,
         attention_backend=args.attention_backend, prepack_weights=args.prepack))
+    engine.runner.model.native_ops = args.native_ops
     totals: dict[str, float] = defaultdict(float)
     instrument(engine, totals)
     params = SamplingParams(temperature=0.0, max_tokens=args.steps + 4, ignore_eos=True)
@@ -90,7 +95,8 @@ def main() -> None:
         split["other"] = per_step * args.steps - totals["forward"] - totals["sampler"] - totals["schedule"]
         print(json.dumps({
             "batch": n, "context": args.context, "backend": engine.runner.backend.name,
-            "prepacked": engine.prepacked, "ms_per_step": round(per_step * 1000, 1),
+            "prepacked": engine.prepacked, "native_ops": args.native_ops,
+            "cpu": cpu_description(), "ms_per_step": round(per_step * 1000, 1),
             "tokens_per_s": round(n / per_step, 1),
             "split_ms": {k: round(v / args.steps * 1000, 1) for k, v in split.items()},
         }), flush=True)

@@ -17,6 +17,7 @@ build on an AVX-512 machine (the tests run both).
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
 import sys
@@ -28,7 +29,8 @@ import torch
 from kernels import reference
 from kernels.backend import AttentionBackend
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"
+CSRC = Path(__file__).parent / "csrc"
+SOURCE = CSRC / "paged_attention_cpu.cpp"
 EXTENSION_NAME = "inflight_paged_attention_cpu"
 SHORT_CHUNK = 32  # longest query chunk the native kernel takes in prefill_attention
 ISA_FLAGS = {  # compiler flags of each build; the source picks its vector width from them
@@ -64,21 +66,31 @@ def default_isa() -> str:
 
 
 def load_extension(isa: str | None = None) -> ModuleType:
-    """The extension built for ``isa`` (default: :func:`default_isa`), compiled on the first
-    call on a machine; raises if it cannot build."""
-    return _load(isa or default_isa())
+    """The attention extension built for ``isa`` (default: :func:`default_isa`), compiled
+    on the first call on a machine; raises if it cannot build."""
+    return build(EXTENSION_NAME, SOURCE.name, isa or default_isa())
+
+
+def sources_digest() -> str:
+    """A digest of every file under ``csrc/``: torch's build cache tracks the sources it is
+    given but not the headers they include, so the digest goes into each build's name."""
+    digest = hashlib.sha256()
+    for path in sorted(CSRC.iterdir()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:10]
 
 
 @functools.cache
-def _load(isa: str) -> ModuleType:
+def build(name: str, source: str, isa: str, extra_cflags: tuple[str, ...] = ()) -> ModuleType:
+    """Compile (or load the cached build of) ``csrc/<source>`` for ``isa`` as ``name``."""
     from torch.utils.cpp_extension import load
 
     if shutil.which("ninja") is None:  # the pip `ninja` wheel puts it next to the interpreter
         os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     return load(
-        name=f"{EXTENSION_NAME}_{isa}",
-        sources=[str(SOURCE)],
-        extra_cflags=["-O3", *ISA_FLAGS[isa], "-fopenmp"],
+        name=f"{name}_{isa}_{sources_digest()}",
+        sources=[str(CSRC / source)],
+        extra_cflags=["-O3", *ISA_FLAGS[isa], "-fopenmp", *extra_cflags],
         extra_ldflags=["-fopenmp"],
         verbose=False,
     )

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels import AttentionBackend
+from kernels.cpu_fused import LayerOps, ops_for, torch_add_rms_norm
 from worker.engine.attention_metadata import AttentionMetadata
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -41,26 +41,17 @@ def rope_cos_sin(config, max_positions: int) -> tuple[torch.Tensor, torch.Tensor
     return emb.cos() * scaling, emb.sin() * scaling
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` [num_tokens, heads, head_dim] by per-token cos/sin [num_tokens, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # rotate_half
-    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
-
-
 class RMSNorm(nn.Module):
-    """Root-mean-square norm, computed in fp32 like the reference implementation."""
+    """Root-mean-square norm, computed in fp32 like the reference implementation (the
+    decoder calls it through its LayerOps, fused with the residual add)."""
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        return torch_add_rms_norm(x, None, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -87,12 +78,14 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
         backend: AttentionBackend,
+        ops: LayerOps,
     ) -> torch.Tensor:  # [num_tokens, hidden_size]
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [num_tokens, q_size + 2 * kv_size]
+        ops.rope_qk_(qkv, cos, sin, self.num_heads, self.num_kv_heads)  # q and k rotated in place
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [num_tokens, H, D], strided rows
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [num_tokens, Hkv, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [num_tokens, Hkv, D]
         backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
@@ -119,9 +112,8 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=False)
         self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)  # 2 x [T, intermediate]
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))  # via [T, 2 * intermediate]
 
 
 class DecoderLayer(nn.Module):
@@ -157,6 +149,7 @@ class LlamaForPackedCausalLM(nn.Module):
         cos, sin = rope_cos_sin(config, max_positions)
         self.register_buffer("rope_cos", cos, persistent=False)  # [max_positions, head_dim]
         self.register_buffer("rope_sin", sin, persistent=False)  # [max_positions, head_dim]
+        self.native_ops = True  # fused native element-wise ops where they exist (CPU fp32)
 
     @torch.inference_mode()
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -199,13 +192,23 @@ class LlamaForPackedCausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k, v) caches
         backend: AttentionBackend,
     ) -> torch.Tensor:  # [num_sampled, vocab_size]
-        """Run all layers over the packed step and return logits of the requested rows."""
+        """Run all layers over the packed step and return logits of the requested rows.
+
+        The residual stream ``hidden`` is updated in place: each norm first adds the
+        previous block's output (``delta``) to it, as one fused op where the device has it.
+        """
         hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
+        ops = ops_for(hidden.device, hidden.dtype, self.native_ops)
         cos = self.rope_cos[meta.positions].to(hidden.dtype)  # [num_tokens, head_dim]
         sin = self.rope_sin[meta.positions].to(hidden.dtype)  # [num_tokens, head_dim]
+        delta: torch.Tensor | None = None  # the last block's output, not yet added
         for layer, (k_cache, v_cache) in zip(self.decoder_layers, kv_caches, strict=True):
-            attn_in = layer.input_layernorm(hidden)
-            hidden = hidden + layer.self_attn(attn_in, cos, sin, k_cache, v_cache, meta, backend)
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        last = self.norm(hidden[meta.logits_indices])  # [num_sampled, hidden_size]
-        return self.lm_head(last).float()
+            norm = layer.input_layernorm
+            attn_in = ops.add_rms_norm(hidden, delta, norm.weight, norm.eps)
+            attn = layer.self_attn(attn_in, cos, sin, k_cache, v_cache, meta, backend, ops)
+            norm = layer.post_attention_layernorm
+            delta = layer.mlp(ops.add_rms_norm(hidden, attn, norm.weight, norm.eps), ops)
+        rows = meta.logits_indices
+        last_delta = None if delta is None else delta[rows]
+        last = ops.add_rms_norm(hidden[rows], last_delta, self.norm.weight, self.norm.eps)
+        return self.lm_head(last).float()  # [num_sampled, vocab_size]
