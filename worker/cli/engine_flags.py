@@ -60,8 +60,9 @@ def add_engine_flags(parser: argparse.ArgumentParser, *, default_model: str = "s
     g.add_argument("--block-size", type=int, metavar="N", help="tokens per KV block (default: 16)")
     g.add_argument("--policy", choices=("fcfs", "static", "priority", "sjf", "fair"),
                    help="scheduling policy (default: fcfs)")
-    g.add_argument("--enable-prefix-caching", action="store_true", default=None,
-                   help="reuse the KV of shared prompt prefixes")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse the KV of shared prompt prefixes (default: on; "
+                        "--no-enable-prefix-caching turns it off)")
     g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false",
                    default=None, help="prefill each prompt in one step")
     g.add_argument("--attention-backend", choices=("torch", "cpu", "triton"),

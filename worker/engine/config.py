@@ -24,7 +24,7 @@ class EngineArgs:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     policy: str = "fcfs"
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True  # shared prompt prefixes (system prompts) computed once
     enable_chunked_prefill: bool = True
     tenant_weights: dict[str, float] | None = None  # fair policy: share of served tokens
     attention_backend: str | None = None  # "torch" | "cpu" | "triton"; None picks by device
