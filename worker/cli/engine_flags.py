@@ -47,7 +47,7 @@ def add_engine_flags(parser: argparse.ArgumentParser, *, default_model: str = "s
                    help="weights and KV dtype (default: auto: float32 on CPU, bfloat16 on CUDA)")
     g.add_argument("--device", help="cpu, cuda, cuda:1... (default: cuda when available)")
     g.add_argument("--max-num-seqs", type=int, metavar="N",
-                   help="most sequences running in one step (default: 64)")
+                   help="most sequences running in one step (default: 256)")
     g.add_argument("--max-num-batched-tokens", type=int, metavar="N",
                    help="token budget of one step, prefill chunks included (default: 2048)")
     g.add_argument("--max-model-len", type=int, metavar="N",

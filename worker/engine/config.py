@@ -20,7 +20,7 @@ class EngineArgs:
     block_size: int = 16
     num_kv_blocks: int | None = None  # overrides kv_cache_memory
     kv_cache_memory: int | None = None  # bytes for K and V of all layers
-    max_num_seqs: int = 64
+    max_num_seqs: int = 256  # sequences per step (vLLM's default for offline CPU runs too)
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     policy: str = "fcfs"
