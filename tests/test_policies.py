@@ -96,10 +96,11 @@ def test_fair_share_lets_a_small_tenant_start_within_bounded_steps() -> None:
                 started[s.request_id] = i
         if len(started) == len(small):
             break
-    # 4 slots, 20-token jobs: each small job starts as soon as a slot frees up, ahead of
-    # the 260-odd big jobs that arrived before it.
+    # 4 slots, 20-token jobs: each small job starts as soon as a slot frees up.
     assert len(started) == len(small) and max(started.values()) <= 60, started
-    assert admitted == ["small"] * len(small), admitted
+    # The next four admissions (a slot's worth each) go to the tenant served least, ahead
+    # of the 260-odd big jobs that arrived before; then the two tenants share.
+    assert admitted[:4] == ["small"] * 4, admitted
 
 
 def test_fair_share_without_it_the_small_tenant_waits_behind_the_queue() -> None:
