@@ -42,6 +42,17 @@ def hf_greedy(spec: str, prompt_ids: list[int], max_new_tokens: int) -> list[int
     return out[0, len(prompt_ids) :].tolist()
 
 
+def blocks_consistent(bm, seqs) -> bool:
+    """Block-manager invariants: reference counts match the owners' block tables, a block
+    is free exactly when nobody owns it, and used + free = total."""
+    counts = [0] * bm.num_blocks
+    for seq in seqs:
+        for block in seq.block_table:
+            counts[block] += 1
+    free_ok = all((counts[b] == 0) == (b in bm.free_queue) for b in range(bm.num_blocks))
+    return counts == bm.ref_counts and free_ok and bm.num_used_blocks + bm.num_free_blocks == bm.num_blocks
+
+
 def prompt_token_lists(tokenizer, count: int, seed: int = 0, lo: int = 3, hi: int = 60) -> list[list[int]]:
     """``count`` prompts of spread-out lengths, from real text, deterministic."""
     words = ["the", "engine", "schedules", "one", "token", "per", "running", "sequence", "while", "new", "requests", "wait", "for", "free", "blocks", "in", "the", "paged", "cache", "and", "finished", "ones", "leave", "at", "once", "so", "the", "batch", "stays", "full"]

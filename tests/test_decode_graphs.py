@@ -28,3 +28,16 @@ def test_padded_decode_buffers_give_the_same_outputs() -> None:
     prompts = prompt_token_lists(plain.tokenizer, 11, seed=4)  # 11: padded up to 16
     expected = [o.token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
     assert [o.token_ids for o in graphed.generate(prompts, params, use_tqdm=False)] == expected
+
+
+def test_decode_buffers_return_only_the_sampling_rows_when_pad_rows_run() -> None:
+    # static-padded steps are all one-row sequences, but pad rows sample nothing: the
+    # buffers give a row per sequence and the runner must keep the sampling ones only.
+    lengths = [2, 7, 4, 1, 6]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    plain = LLM("tiny-llama", num_kv_blocks=64, max_num_seqs=8, decode_graphs=False)
+    padded = LLM("tiny-llama", num_kv_blocks=64, max_num_seqs=8, decode_graphs=True,
+                 policy="static-padded")
+    prompts = prompt_token_lists(plain.tokenizer, len(lengths), seed=6)
+    expected = [o.token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+    assert [o.token_ids for o in padded.generate(prompts, params, use_tqdm=False)] == expected

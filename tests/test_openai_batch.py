@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
@@ -301,8 +300,13 @@ def test_any_object_parses_or_raises_request_parse_error(obj):
 @settings(max_examples=100, deadline=None)
 @given(st.text(max_size=30))
 def test_any_text_parses_or_raises_request_parse_error(text):
-    with contextlib.suppress(RequestParseError):
-        parse_request_line(text, line_number=2)
+    try:
+        req = parse_request_line(text, line_number=2)
+    except RequestParseError as err:
+        assert str(err).startswith("line 2")
+        return
+    assert req.endpoint in (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT)  # only a valid object parses
+    assert (req.prompt is None) != (req.messages is None)
 
 
 # -- output ---------------------------------------------------------------------------------

@@ -79,7 +79,7 @@ def test_drafts_survive_preemption_prefix_caching_and_stop_strings() -> None:
     got = spec.generate(prompts, params, use_tqdm=False)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert [g.text for g in got] == [w.text for w in want]
-    assert spec.engine.scheduler.total_preemptions > 0  # the small pool forced recompute
+    assert any(g.metrics.num_preemptions for g in got)  # the small pool forced recompute
     assert spec.engine.total_accepted_tokens > 0
 
 

@@ -58,7 +58,7 @@ def add_engine_flags(parser: argparse.ArgumentParser, *, default_model: str = "s
                    help="memory for the KV pool, e.g. 2GiB (default: 80%% of free GPU "
                         "memory, 1GiB on CPU)")
     g.add_argument("--block-size", type=int, metavar="N", help="tokens per KV block (default: 16)")
-    g.add_argument("--policy", choices=("fcfs", "static", "priority", "sjf", "fair"),
+    g.add_argument("--policy", choices=("fcfs", "static", "static-padded", "priority", "sjf", "fair"),
                    help="scheduling policy (default: fcfs)")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="reuse the KV of shared prompt prefixes (default: on; "

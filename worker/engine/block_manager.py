@@ -25,8 +25,6 @@ class BlockManager:
         self.block_hashes: list[int | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # hash -> block id
-        self.cache_hits = 0  # blocks served from the cache, since start
-        self.cache_queries = 0  # full prompt blocks looked up, since start
 
     # -- capacity ---------------------------------------------------------------------
     @property
@@ -157,12 +155,3 @@ class BlockManager:
                 del self.cached[block_hash]
             self.block_hashes[block] = None
             self.block_tokens[block] = None
-
-    def owned_blocks_consistent(self, seqs: list[Sequence]) -> bool:
-        """Check invariants (for tests): ref counts match owners, used + free = total."""
-        counts = [0] * self.num_blocks
-        for seq in seqs:
-            for block in seq.block_table:
-                counts[block] += 1
-        free_ok = all((counts[b] == 0) == (b in self.free_queue) for b in range(self.num_blocks))
-        return counts == self.ref_counts and free_ok and self.num_used_blocks + self.num_free_blocks == self.num_blocks

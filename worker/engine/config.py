@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from worker.protocol.sampling_params import InvalidRequestError
 
-POLICIES = ("fcfs", "static", "priority", "sjf", "fair")
+POLICIES = ("fcfs", "static", "static-padded", "priority", "sjf", "fair")
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB: about 23k tokens of SmolLM2-135M in fp32
 
 

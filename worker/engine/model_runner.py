@@ -1,15 +1,44 @@
-"""Turn a scheduled step into one packed batch, run the model, return last-token logits."""
+"""The model side of the engine: load the checkpoint, size and own the KV pool, and run
+each planned step as one packed batch without padding.
+
+As nano-vllm's ``ModelRunner``: everything that touches weights or KV tensors lives
+here; the engine only hands it a plan and gets back logits.
+"""
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import torch
 
-from kernels import AttentionBackend
+from kernels import get_backend
 from worker.engine.attention_metadata import AttentionMetadata
+from worker.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineArgs
 from worker.engine.decode_graphs import DecodeGraphs
+from worker.engine.models.cpu_linear import onednn_available, pack_linears
 from worker.engine.models.llama import LlamaForPackedCausalLM
-from worker.engine.scheduler import ScheduledSequence
+from worker.engine.models.loader import load_checkpoint
+from worker.engine.step_plan import SchedulerOutput
+from worker.protocol.sampling_params import InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when available, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto`` is fp32 on the CPU (no bf16 matrix units here) and bf16 on CUDA."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
@@ -19,50 +48,92 @@ def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * itemsize
 
 
-class ModelRunner:
-    """Owns the model and the KV pool; builds the step's tensors without any padding."""
+def eos_token_ids(config, tokenizer) -> set[int]:
+    """End-of-sequence ids from the model config and the tokenizer together."""
+    ids: set[int] = set()
+    for source in (config.eos_token_id, tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(source)
+    return ids
 
-    def __init__(
-        self,
-        *,
-        model: LlamaForPackedCausalLM,
-        num_blocks: int,
-        block_size: int,
-        device: torch.device,
-        dtype: torch.dtype,
-        backend: AttentionBackend,
-        max_num_seqs: int = 64,
-        max_model_len: int = 2048,
-        use_decode_graphs: bool | None = None,
-    ) -> None:
-        config = model.config
-        self.model = model
-        self.device = device
-        self.block_size = block_size
-        self.backend = backend
+
+class ModelRunner:
+    """Owns the model and the KV pool; builds each step's tensors and runs the forward."""
+
+    def __init__(self, args: EngineArgs) -> None:
+        """Load ``args.model``, prepack its weights (CPU, when oneDNN is there), size the
+        KV pool from ``args`` and the free memory, and capture decode graphs (CUDA)."""
+        self.device = device = resolve_device(args.device)
+        self.dtype = resolve_dtype(args.dtype, device)
+        if args.num_threads and device.type == "cpu":
+            torch.set_num_threads(args.num_threads)
+        checkpoint = load_checkpoint(args.model, dtype=torch.float32)
+        self.load_seconds = checkpoint.load_seconds
+        self.tokenizer = checkpoint.tokenizer
+        self.config = config = checkpoint.config
+        self.max_model_len = min(args.max_model_len or config.max_position_embeddings,
+                                 config.max_position_embeddings)
+        model = LlamaForPackedCausalLM(config, max_positions=self.max_model_len)
+        model.load_hf_state_dict(checkpoint.state_dict)
+        del checkpoint
+        self.model = model.to(device=device, dtype=self.dtype).eval()
+        self.prepacked = False
+        if device.type == "cpu" and args.prepack_weights is not False:
+            if onednn_available():
+                self.prepacked = pack_linears(model) > 0
+            elif args.prepack_weights:
+                raise InvalidRequestError("prepack_weights=True needs a torch build with oneDNN")
+        self.eos_token_ids = eos_token_ids(config, self.tokenizer)
+        self.block_size = args.block_size
+        self.num_blocks = self._num_kv_blocks(args)
+        self.backend = get_backend(device, args.attention_backend)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        shape = (num_blocks, block_size, config.num_key_value_heads, head_dim)
+        shape = (self.num_blocks, args.block_size, config.num_key_value_heads, head_dim)
         # One tensor per K/V for all layers: [num_layers, num_blocks, block_size, Hkv, D]
-        self.k_pool = torch.zeros((config.num_hidden_layers, *shape), dtype=dtype, device=device)
-        self.v_pool = torch.zeros((config.num_hidden_layers, *shape), dtype=dtype, device=device)
+        self.k_pool = torch.zeros((config.num_hidden_layers, *shape), dtype=self.dtype, device=device)
+        self.v_pool = torch.zeros((config.num_hidden_layers, *shape), dtype=self.dtype, device=device)
         self.kv_caches = [(self.k_pool[i], self.v_pool[i]) for i in range(config.num_hidden_layers)]
         self.pin = device.type == "cuda"  # stage host inputs in pinned memory for async copies
-        if use_decode_graphs is None:
-            use_decode_graphs = device.type == "cuda"
+        use_graphs = args.decode_graphs if args.decode_graphs is not None else device.type == "cuda"
         self.decode_graphs: DecodeGraphs | None = None
-        if use_decode_graphs:
+        if use_graphs:
             self.decode_graphs = DecodeGraphs(
-                model=model, kv_caches=self.kv_caches, backend=backend, device=device,
-                max_batch=max_num_seqs, max_blocks_per_seq=-(-max_model_len // block_size),
+                model=model, kv_caches=self.kv_caches, backend=self.backend, device=device,
+                max_batch=args.max_num_seqs, max_blocks_per_seq=-(-self.max_model_len // args.block_size),
             )
             self.decode_graphs.capture()
 
-    def build_inputs(self, scheduled: list[ScheduledSequence]) -> tuple[torch.Tensor, AttentionMetadata]:
+    def _num_kv_blocks(self, args: EngineArgs) -> int:
+        """Blocks for the pool: ``num_kv_blocks``, else ``kv_cache_memory`` bytes, else 80%
+        of free GPU memory (CUDA) or DEFAULT_CPU_KV_CACHE_BYTES (CPU)."""
+        if args.num_kv_blocks is not None:
+            return args.num_kv_blocks
+        budget = args.kv_cache_memory
+        if budget is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = int(free * 0.8)
+            else:
+                budget = DEFAULT_CPU_KV_CACHE_BYTES
+        per_block = kv_bytes_per_token(self.config, self.dtype) * args.block_size
+        if budget < per_block:
+            raise InvalidRequestError(f"kv_cache_memory={budget} bytes is smaller than one block ({per_block})")
+        return budget // per_block
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run from 0 to this, exclusive."""
+        return int(self.config.vocab_size)
+
+    def build_inputs(self, plan: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata]:
         """Packed ``input_ids`` and the AttentionMetadata of a step (decodes come first)."""
         bs = self.block_size
+        scheduled = plan.scheduled
         num_seqs = len(scheduled)
         q_lens = np.fromiter((s.num_new_tokens for s in scheduled), dtype=np.int64, count=num_seqs)
-        starts = np.fromiter((s.seq.num_computed_tokens for s in scheduled), dtype=np.int64, count=num_seqs)
+        starts = np.fromiter((s.start for s in scheduled), dtype=np.int64, count=num_seqs)
         context_lens = starts + q_lens  # [num_seqs]
         cu_q = np.zeros(num_seqs + 1, dtype=np.int64)
         np.cumsum(q_lens, out=cu_q[1:])
@@ -74,21 +145,14 @@ class ModelRunner:
         for i, s in enumerate(scheduled):
             table = s.seq.block_table[: -(-int(context_lens[i]) // bs)]
             block_tables[i, : len(table)] = table
-            input_ids.extend(s.seq.token_ids[starts[i] : context_lens[i]])
-            if s.num_draft_tokens:
-                input_ids.extend(s.seq.draft_token_ids[: s.num_draft_tokens])
+            input_ids.extend(s.query_token_ids())
         # positions of every token: start_i, start_i + 1, ... for each sequence
         seq_of_token = np.repeat(np.arange(num_seqs), q_lens)  # [num_tokens]
         positions = np.arange(int(cu_q[-1]), dtype=np.int64) - cu_q[seq_of_token] + starts[seq_of_token]
-        slot_mapping = block_tables[seq_of_token, positions // bs] * bs + positions % bs
-        # Logits rows: each sampling sequence's last token, plus its drafts' rows before it.
-        rows: list[int] = []
-        for i, s in enumerate(scheduled):
-            if s.samples:
-                end = int(cu_q[i + 1])
-                rows.extend(range(end - 1 - s.num_draft_tokens, end))
-        logits_indices = np.asarray(rows, dtype=np.int64)
-        num_decode = int(np.count_nonzero(q_lens == 1))
+        slot_mapping = block_tables[seq_of_token, positions // bs] * bs + positions % bs  # [num_tokens]
+        pads = [int(cu_q[i]) for i, s in enumerate(scheduled) if s.is_pad]
+        if pads:
+            slot_mapping[pads] = -1  # pad rows re-read cached K/V and write none
         dev = self.device
 
         def t(a: np.ndarray) -> torch.Tensor:
@@ -104,8 +168,8 @@ class ModelRunner:
             cu_seqlens_k=t(cu_k),
             context_lens=t(context_lens),
             block_tables=t(block_tables),
-            num_decode_seqs=num_decode,
-            logits_indices=t(logits_indices),
+            num_decode_seqs=sum(1 for s in scheduled if s.is_decode),
+            logits_indices=t(np.asarray(plan.logits_rows.token_indices, dtype=np.int64)),
         )
         ids = t(np.asarray(input_ids, dtype=np.int64))
         return ids, meta
@@ -121,12 +185,13 @@ class ModelRunner:
         self.v_pool[:, dst] = self.v_pool[:, src]
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledSequence]) -> torch.Tensor:
-        """Run one step; logits ``[num_rows, vocab]`` in scheduled order: one row per sampling
-        sequence, ``1 + num_draft_tokens`` rows for one that checks drafts."""
-        input_ids, meta = self.build_inputs(scheduled)
+    def execute(self, plan: SchedulerOutput) -> torch.Tensor:
+        """Run one step; logits ``[num_rows, vocab]`` in the order of ``plan.logits_rows``."""
+        input_ids, meta = self.build_inputs(plan)
         graphs = self.decode_graphs
         if (graphs is not None and meta.num_decode_seqs == meta.num_seqs
                 and graphs.fits(meta.num_seqs, meta.block_tables.shape[1])):
-            return graphs.run(input_ids, meta)
+            logits = graphs.run(input_ids, meta)  # [num_seqs, vocab]: a row per sequence
+            rows = plan.logits_rows.token_indices  # one query per sequence: token = sequence
+            return logits if len(rows) == meta.num_seqs else logits[rows]
         return self.model(input_ids, meta, self.kv_caches, self.backend)

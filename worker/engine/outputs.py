@@ -54,8 +54,8 @@ class StepStats:
     step: int
     num_running: int
     num_waiting: int
-    num_prefill_tokens: int
-    num_decode_tokens: int
+    num_prefill_tokens: int  # rows of prompt (or recompute) chunks longer than one
+    num_decode_tokens: int  # one-row sequences: attention's decode path (pad rows apart)
     kv_blocks_used: int
     kv_blocks_total: int
     num_preemptions: int
@@ -71,8 +71,10 @@ class StepStats:
     num_waiting_before: int = 0  # waiting queue length when the step began
     num_draft_tokens: int = 0  # speculative tokens checked this step
     num_accepted_tokens: int = 0  # of them, accepted
+    num_verify_tokens: int = 0  # rows of sequences checking drafts (last token + drafts)
+    num_pad_rows: int = 0  # rows of finished static-padded members still holding a slot
 
     @property
     def num_batched_tokens(self) -> int:
-        """All tokens the step fed through the model."""
-        return self.num_prefill_tokens + self.num_decode_tokens
+        """All rows the step fed through the model."""
+        return self.num_prefill_tokens + self.num_decode_tokens + self.num_verify_tokens + self.num_pad_rows

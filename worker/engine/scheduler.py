@@ -1,71 +1,44 @@
-"""Iteration-level scheduling under one token budget.
+"""Iteration-level scheduling under one token budget, and the bookkeeping after a step.
 
-Each step: running sequences first (a decode token each, or the next prefill chunk of a
-partially prefilled one), then admission of waiting sequences while blocks, sequence
-slots and the step's token budget allow. ``num_computed_tokens`` catching up with
-``num_tokens`` is the only rule: chunked prefill, prefix-cache hits and resumption after
-preemption all fall out of it. When a running sequence cannot get a block, the newest
-(or lowest-priority) running sequence is preempted by recompute.
+``schedule()``, each step: running sequences first (a decode token each, the next
+prefill chunk of a partially prefilled one, or a token plus its drafts), then admission
+of waiting sequences while KV blocks, sequence slots and the step's token budget allow.
+The budget rule: the query rows of all scheduled sequences add up to at most
+``max_num_batched_tokens``. ``num_computed_tokens`` catching up with ``num_tokens`` is
+the only rule: chunked prefill, prefix-cache hits and resumption after preemption all
+fall out of it. When a running sequence cannot get a block, the newest (or
+lowest-priority) running sequence is preempted by recompute. The plan lists decodes
+first (see ``step_plan``).
+
+``update(plan, sampled, check_stop)``, after the forward: computed tokens advance,
+sampled tokens are appended, stops are checked, and a finished sequence's blocks are
+freed in the same step.
 
 The ``static`` policy reproduces request-level batching: a cohort is admitted only when
-nothing runs, and runs until its longest member ends.
+nothing runs, and runs until its longest member ends. ``static-padded`` is the same
+cohort in lockstep, as Hugging Face ``generate`` runs a batch: a finished member keeps
+its slot and its blocks and computes a pad row every step until the whole cohort ends.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
+from worker.engine import speculation
 from worker.engine.block_manager import BlockManager
+from worker.engine.scheduling_policy import (
+    SHIELD_AFTER_PREEMPTIONS,
+    TenantLedger,
+    next_waiting,
+    pick_victim,
+)
 from worker.engine.sequence import Sequence, SequenceStatus
+from worker.engine.step_plan import Appended, SampledTokens, ScheduledSequence, SchedulerOutput
 
-SHIELD_AFTER_PREEMPTIONS = 3
+__all__ = ["SHIELD_AFTER_PREEMPTIONS", "ScheduledSequence", "Scheduler", "SchedulerOutput"]
 
-
-@dataclass
-class ScheduledSequence:
-    """A sequence in this step and how many of its tokens it computes now."""
-
-    seq: Sequence
-    num_new_tokens: int  # includes the draft tokens
-    num_draft_tokens: int = 0  # speculative tokens after the last sampled one
-
-    @property
-    def samples(self) -> bool:
-        """True when this chunk reaches the sequence's last token, so a token is sampled."""
-        real = self.num_new_tokens - self.num_draft_tokens
-        return self.seq.num_computed_tokens + real == self.seq.num_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    """One step's plan: decodes first, then prefill chunks."""
-
-    scheduled: list[ScheduledSequence] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    num_admitted: int = 0
-    num_cached_tokens: int = 0
-    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) KV copies
-
-    @property
-    def num_decode_tokens(self) -> int:
-        """Tokens of decoding sequences: one each, plus their drafts."""
-        return sum(s.num_new_tokens for s in self.scheduled if s.num_new_tokens - s.num_draft_tokens == 1)
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        """Tokens of prompt (or recompute) chunks longer than one."""
-        return sum(s.num_new_tokens for s in self.scheduled if s.num_new_tokens - s.num_draft_tokens > 1)
-
-    @property
-    def num_draft_tokens(self) -> int:
-        """Speculative tokens checked this step."""
-        return sum(s.num_draft_tokens for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        """Nothing to run."""
-        return not self.scheduled
+COHORT_POLICIES = ("static", "static-padded")
 
 
 class Scheduler:
@@ -88,10 +61,9 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.served_tokens: dict[str | None, float] = {}  # weighted, per tenant (fair policy)
-        self.tenant_weights = tenant_weights or {}
-        self.total_preemptions = 0
-        self._cohort_open = True  # static policy: the cohort still takes members
+        self.padding: list[Sequence] = []  # static-padded: finished members still in their slot
+        self.ledger = TenantLedger(tenant_weights)
+        self._cohort_open = True  # static policies: the cohort still takes members
 
     # -- queue management -------------------------------------------------------------
     def add_running(self, seq: Sequence) -> None:
@@ -101,17 +73,10 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence."""
-        if self.policy == "fair" and not self._tenant_active(seq.tenant):
-            # A tenant returning from idle starts at the least-served active tenant's count,
-            # so idle time does not bank credit that would starve the others later.
-            active = [self.served_tokens.get(s.tenant, 0.0) for s in (*self.waiting, *self.running)]
-            floor = min(active, default=0.0)
-            self.served_tokens[seq.tenant] = max(self.served_tokens.get(seq.tenant, 0.0), floor)
+        if self.policy == "fair":
+            self.ledger.on_arrival(seq.tenant, (*self.waiting, *self.running))
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
-
-    def _tenant_active(self, tenant: str | None) -> bool:
-        return any(s.tenant == tenant for s in (*self.waiting, *self.running))
 
     def has_unfinished(self) -> bool:
         """True while anything waits or runs."""
@@ -125,41 +90,80 @@ class Scheduler:
             self.waiting.remove(seq)
         self.block_manager.free(seq, keep_cached=keep_cached)
         seq.status = SequenceStatus.FINISHED
+        self._end_drained_cohort()
 
     # -- the step ---------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         """Plan one step within the token budget (see the module docstring)."""
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
-        budget = self._schedule_running(out, budget)
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        budget = self._schedule_padding(out, budget)
         # After a preemption nothing new fits, except under the priority policy, where a
         # waiting request that outranks a runner may still take its place.
         if (not out.preempted or self.policy == "priority") and self._may_admit():
             stopped_by = self._admit_waiting(out, budget)
-            if self.policy == "static" and stopped_by != "budget":
+            if self.policy in COHORT_POLICIES and stopped_by != "budget":
                 self._cohort_open = False  # full, out of blocks, or nothing left to admit
-        # Decodes first: the model runs decode attention on the leading one-token rows.
-        out.scheduled.sort(key=lambda s: s.num_new_tokens != 1)
+        out.scheduled.sort(key=lambda s: not s.is_decode)  # decodes first (stable)
         for s in out.scheduled:
-            tenant = s.seq.tenant
-            weight = self.tenant_weights.get(tenant, 1.0) if tenant is not None else 1.0
-            self.served_tokens[tenant] = self.served_tokens.get(tenant, 0.0) + s.num_new_tokens / weight
+            self.ledger.charge(s.seq.tenant, s.num_new_tokens)
         return out
+
+    def update(
+        self, plan: SchedulerOutput, sampled: list[SampledTokens], check_stop: Callable[[Sequence], bool]
+    ) -> list[Appended]:
+        """Apply a step's results: advance computed tokens, append ``sampled`` (stopping
+        where ``check_stop`` says), free what finished; returns each sampler's result."""
+        bm = self.block_manager
+        for s in plan.scheduled:
+            if not s.is_pad:  # drafts count as computed only once accepted (below)
+                s.seq.num_computed_tokens = s.start + s.num_real_tokens
+                bm.publish_full_blocks(s.seq)
+        results = []
+        for entry in sampled:
+            seq = entry.seq
+            new_tokens: list[int] = []
+            finished = False
+            for token, logprob in entry.tokens:
+                seq.append_token(token, logprob)
+                new_tokens.append(token)
+                if check_stop(seq):
+                    finished = True
+                    break
+            if finished:
+                self._finish(seq)
+            elif entry.num_drafts:
+                speculation.settle_accepted(seq, len(entry.tokens))
+                bm.publish_full_blocks(seq)
+            results.append(Appended(seq, new_tokens, finished))
+        self._end_drained_cohort()
+        return results
+
+    def _finish(self, seq: Sequence) -> None:
+        """A sequence ended: free its blocks now, or (static-padded) keep it as padding."""
+        if self.policy != "static-padded":
+            self.remove(seq)
+            return
+        self.running.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        self.padding.append(seq)
+
+    def _end_drained_cohort(self) -> None:
+        """Static-padded: once no member runs, the padding rows end and free their blocks."""
+        if self.padding and not self.running:
+            for seq in self.padding:
+                self.block_manager.free(seq)
+            self.padding = []
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         bm = self.block_manager
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            uncomputed = seq.num_tokens - seq.num_computed_tokens
-            num_new = min(uncomputed + len(seq.draft_token_ids), budget)
+            num_new = speculation.fit_drafts(seq, budget, bm)
             target = seq.num_computed_tokens + num_new
-            if seq.draft_token_ids and not bm.can_grow(seq, target):
-                num_new = min(uncomputed, budget)  # guesses never cost another's KV
-                target = seq.num_computed_tokens + num_new
-            del seq.draft_token_ids[max(0, num_new - uncomputed):]  # drafts that fit
             while not bm.can_grow(seq, target):
-                victim = self._pick_victim()
+                victim = pick_victim(self.policy, self.running)
                 if self.running.index(victim) < i:  # already planned this step: give back
                     i -= 1
                     budget += self._preempt(victim, out)
@@ -177,9 +181,17 @@ class Scheduler:
             i += 1
         return budget
 
+    def _schedule_padding(self, out: SchedulerOutput, budget: int) -> int:
+        """Static-padded: one pad row per finished member, inside the token budget."""
+        num_pads = min(len(self.padding), max(0, budget))
+        for seq in self.padding[:num_pads]:
+            out.scheduled.append(ScheduledSequence(seq, 1, is_pad=True))
+        return budget - num_pads
+
     def _may_admit(self) -> bool:
-        if self.policy == "static":
+        if self.policy in COHORT_POLICIES:
             if not self.running:
+                self._end_drained_cohort()
                 self._cohort_open = True  # the previous cohort is done: form the next one
             return self._cohort_open
         return True
@@ -192,15 +204,18 @@ class Scheduler:
                 return "empty"
             if budget <= 0:
                 return "budget"
-            seq = self._next_waiting()
-            if len(self.running) >= self.max_num_seqs:
+            seq = next_waiting(self.policy, self.waiting, self.ledger)
+            if len(self.running) + len(self.padding) >= self.max_num_seqs:
                 if self._preempt_lower_priority(seq, out):
                     continue
                 return "slots"
             hits = bm.match_prefix(seq) if seq.num_computed_tokens == 0 and not seq.block_table else []
             computed = len(hits) * bm.block_size if hits else seq.num_computed_tokens
             remaining = seq.num_tokens - computed
-            if remaining > budget and not self.enable_chunked_prefill:
+            # Without chunked prefill a prompt waits for a step with room for all of it.
+            # Longer ones are refused at add_request; a recompute after preemption that
+            # has outgrown the budget is chunked, since no step could ever take it whole.
+            if not self.enable_chunked_prefill and budget < remaining <= self.max_num_batched_tokens:
                 return "budget"
             num_new = min(remaining, budget)
             revived = sum(1 for b in hits if bm.ref_counts[b] == 0)
@@ -221,41 +236,11 @@ class Scheduler:
             out.num_admitted += 1
             budget -= num_new
 
-    def _next_waiting(self) -> Sequence:
-        """The waiting sequence the policy serves next."""
-        if self.policy in ("fcfs", "static"):
-            return self.waiting[0]
-        if self.policy == "priority":
-            return max(self.waiting, key=lambda s: (s.priority, s.metrics.num_preemptions, -s.metrics.arrival_time))
-        if self.policy == "sjf":
-            return min(self.waiting, key=lambda s: (-s.metrics.num_preemptions, s.max_tokens, s.metrics.arrival_time))
-        # fair: the tenant served least so far goes next; FCFS within a tenant.
-        return min(
-            self.waiting,
-            key=lambda s: (-s.metrics.num_preemptions, self.served_tokens.get(s.tenant, 0), s.metrics.arrival_time),
-        )
-
-    def _pick_victim(self) -> Sequence:
-        """The running sequence to preempt: lowest priority, then latest arrived.
-
-        A sequence already preempted ``SHIELD_AFTER_PREEMPTIONS`` times is taken only
-        when nothing else runs, so it cannot starve.
-        """
-        by_priority = self.policy == "priority"
-        return min(
-            self.running,
-            key=lambda s: (
-                s.metrics.num_preemptions >= SHIELD_AFTER_PREEMPTIONS,
-                s.priority if by_priority else 0,
-                -s.metrics.arrival_time,
-            ),
-        )
-
     def _preempt_lower_priority(self, incoming: Sequence, out: SchedulerOutput) -> bool:
         """Priority policy: make room for ``incoming`` by preempting a lower-priority runner."""
         if self.policy != "priority" or not self.running:
             return False
-        victim = self._pick_victim()
+        victim = pick_victim(self.policy, self.running)
         if victim.priority >= incoming.priority:
             return False
         self._preempt(victim, out)
@@ -268,10 +253,9 @@ class Scheduler:
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
-        seq.draft_token_ids = []
+        speculation.drop_drafts(seq)
         seq.status = SequenceStatus.WAITING
         seq.metrics.num_preemptions += 1
-        self.total_preemptions += 1
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
         planned = sum(s.num_new_tokens for s in out.scheduled if s.seq is seq)

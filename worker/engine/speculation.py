@@ -1,24 +1,35 @@
-"""Speculative decoding with n-gram drafts, for greedy requests.
+"""The life of a draft token, start to end: n-gram drafts for greedy requests.
 
-Before a step, each eligible decoding sequence gets up to ``k`` draft tokens from its
-:class:`~worker.engine.ngram_proposer.NgramIndex`. The scheduler runs the last sampled
-token and the drafts as one chunk (``num_computed_tokens`` simply catches up further), the
-model returns logits for all of them, and :func:`accept` keeps the drafts the model agrees
-with plus the model's own next token. The output is the same greedy output as without
-drafts; a step just yields up to ``k + 1`` tokens per sequence.
+1. **Propose** (before the step): each eligible decoding sequence gets up to ``k`` draft
+   tokens from its :class:`~worker.engine.ngram_proposer.NgramIndex`
+   (:meth:`NgramSpeculator.propose`); ``max_rows`` caps decode rows plus drafts.
+2. **Schedule**: :func:`fit_drafts` keeps the drafts that fit the step's token budget and
+   the free KV blocks; a guess never costs another sequence its blocks. The sequence runs
+   its last sampled token and the drafts as one chunk (a *verify* row, see
+   ``step_plan``), and the model returns one logits row per query token.
+3. **Verify** (after the forward, beside the sampler): :func:`verify_drafts` keeps the
+   longest prefix of drafts equal to the model's argmax, plus the model's own next token
+   (:func:`accept`). The output is the same greedy output as without drafts.
+4. **Roll back**: drafts count as computed only once accepted (:func:`settle_accepted`);
+   the K/V slots of rejected drafts are simply overwritten by later steps. A preempted
+   sequence drops its drafts (:func:`drop_drafts`).
 
 Drafts cost matmul rows. On a CPU a step's time is a fixed part (streaming the weights)
 plus a per-row part, so drafts pay while the batch is small and stop paying once the
-matmuls are compute-bound: ``max_rows`` caps decode rows plus drafts per step.
+matmuls are compute-bound.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+import torch
+
+from worker.engine.block_manager import BlockManager
 from worker.engine.ngram_proposer import NgramIndex
 from worker.engine.sampler import is_greedy, needs_penalties
 from worker.engine.sequence import Sequence
+from worker.engine.step_plan import SampledTokens, ScheduledSequence
 
 
 def is_eligible(seq: Sequence) -> bool:
@@ -33,15 +44,6 @@ def is_eligible(seq: Sequence) -> bool:
         and seq.num_output_tokens >= max(1, p.min_tokens)
         and seq.num_computed_tokens == seq.num_tokens - 1
     )
-
-
-def accept(drafts: list[int], targets: list[int]) -> list[int]:
-    """The tokens a verified step appends: the longest prefix of ``drafts`` equal to the
-    model's argmax ``targets`` (one more than drafts), then the model's next token."""
-    accepted = 0
-    while accepted < len(drafts) and drafts[accepted] == targets[accepted]:
-        accepted += 1
-    return targets[: accepted + 1]
 
 
 class NgramSpeculator:
@@ -72,3 +74,56 @@ class NgramSpeculator:
                 seq.ngram_index = NgramIndex(self.min_n, self.max_n)
             seq.draft_token_ids = seq.ngram_index.propose(seq.token_ids, room)
             budget -= len(seq.draft_token_ids)
+
+
+def fit_drafts(seq: Sequence, budget: int, block_manager: BlockManager) -> int:
+    """Query rows a running ``seq`` computes this step (at most ``budget``); drops the
+    drafts that do not fit the budget, or all of them when their K/V needs a block that
+    is not free."""
+    uncomputed = seq.num_tokens - seq.num_computed_tokens
+    num_new = min(uncomputed + len(seq.draft_token_ids), budget)
+    if seq.draft_token_ids and not block_manager.can_grow(seq, seq.num_computed_tokens + num_new):
+        num_new = min(uncomputed, budget)
+    del seq.draft_token_ids[max(0, num_new - uncomputed):]
+    return num_new
+
+
+def accept(drafts: list[int], targets: list[int]) -> list[int]:
+    """The tokens a verified step appends: the longest prefix of ``drafts`` equal to the
+    model's argmax ``targets`` (one more than drafts), then the model's next token."""
+    accepted = 0
+    while accepted < len(drafts) and drafts[accepted] == targets[accepted]:
+        accepted += 1
+    return targets[: accepted + 1]
+
+
+def verify_drafts(
+    owners: list[tuple[ScheduledSequence, int]], logits: torch.Tensor
+) -> tuple[list[SampledTokens], int]:
+    """Check the drafts of each ``(scheduled, first logits row)`` against the argmax of its
+    ``1 + num_draft_tokens`` rows of ``logits`` ``[rows, vocab]``; returns what each
+    appends and how many drafts were accepted in all."""
+    rows = [r for s, first in owners for r in range(first, first + s.num_logits_rows)]
+    targets = logits[rows].argmax(dim=-1).tolist()  # [num_verify_rows]
+    results: list[SampledTokens] = []
+    num_accepted = 0
+    offset = 0
+    for s, _ in owners:
+        n = s.num_logits_rows
+        kept = accept(s.seq.draft_token_ids[: s.num_draft_tokens], targets[offset : offset + n])
+        offset += n
+        num_accepted += len(kept) - 1
+        results.append(SampledTokens(s.seq, [(t, None) for t in kept], s.num_draft_tokens))
+        s.seq.draft_token_ids = []
+    return results, num_accepted
+
+
+def settle_accepted(seq: Sequence, num_appended: int) -> None:
+    """Count the accepted drafts' K/V (computed this step) as computed; the rejected
+    ones' slots lie past ``num_computed_tokens`` and are overwritten later."""
+    seq.num_computed_tokens += num_appended - 1
+
+
+def drop_drafts(seq: Sequence) -> None:
+    """Forget a sequence's pending drafts (it was preempted)."""
+    seq.draft_token_ids = []

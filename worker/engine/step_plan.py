@@ -1,0 +1,146 @@
+"""One step's plan and what comes back from it: the types every stage of a step reads.
+
+A step is schedule -> execute -> update. The scheduler writes a :class:`SchedulerOutput`
+(which sequences run and how many query rows each computes), the model runner packs it
+and returns logits for the rows that :attr:`SchedulerOutput.logits_rows` names, the
+sampler and the draft verifier turn those rows into :class:`SampledTokens`, and
+``Scheduler.update`` applies them.
+
+Kinds of row (each scheduled sequence is exactly one):
+
+- **decode**: exactly one query row (``num_new_tokens == 1``). Attention runs it on its
+  decode path, and the plan lists decodes first. This is the only definition of
+  "decode" in the engine; a one-token prompt chunk is a decode too.
+- **verify**: the last sampled token plus ``num_draft_tokens`` drafts; attention runs it
+  as a prefill chunk.
+- **prefill**: a chunk of prompt (or of recompute after preemption) longer than one row.
+- **pad** (``static-padded`` policy only): a finished member of a cohort that still fills
+  its slot. One decode row over its context that writes no K/V and samples nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from worker.engine.outputs import TokenLogprob
+from worker.engine.sequence import Sequence
+
+
+@dataclass(eq=False)
+class ScheduledSequence:
+    """A sequence in this step and how many query rows it computes, fixed when planned."""
+
+    seq: Sequence
+    num_new_tokens: int  # query rows, drafts included
+    num_draft_tokens: int = 0  # speculative tokens after the last sampled one
+    is_pad: bool = False  # a finished static-padded member: computes, writes and samples nothing
+    start: int = field(init=False)  # position of the first query row
+    samples: bool = field(init=False)  # the chunk reaches the last token: a token is sampled
+
+    def __post_init__(self) -> None:
+        computed = self.seq.num_computed_tokens
+        # A pad row re-reads the last computed position, whose K/V is already cached.
+        self.start = computed - 1 if self.is_pad else computed
+        real = self.num_new_tokens - self.num_draft_tokens
+        self.samples = not self.is_pad and self.start + real == self.seq.num_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        """One query row: attention runs it on the decode path (see the module doc)."""
+        return self.num_new_tokens == 1
+
+    @property
+    def num_real_tokens(self) -> int:
+        """Query rows that are the sequence's own tokens (not drafts)."""
+        return self.num_new_tokens - self.num_draft_tokens
+
+    @property
+    def num_logits_rows(self) -> int:
+        """Logits rows this sequence needs: one per draft plus one, when it samples."""
+        return 1 + self.num_draft_tokens if self.samples else 0
+
+    def query_token_ids(self) -> list[int]:
+        """The token ids this step feeds through the model for this sequence."""
+        own = self.seq.token_ids[self.start : self.start + self.num_real_tokens]
+        return own + self.seq.draft_token_ids[: self.num_draft_tokens]
+
+
+@dataclass
+class LogitsRows:
+    """Which packed query rows give logits, and which logits rows belong to whom."""
+
+    token_indices: list[int]  # per logits row: its row in the packed batch
+    owners: list[tuple[ScheduledSequence, int]]  # per sampling sequence: its first logits row
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's plan: decodes first, then verify and prefill chunks."""
+
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    num_admitted: int = 0
+    num_cached_tokens: int = 0
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) KV copies
+
+    @cached_property
+    def logits_rows(self) -> LogitsRows:
+        """The logits-row layout of the step (computed here only; read once planned)."""
+        token_indices: list[int] = []
+        owners: list[tuple[ScheduledSequence, int]] = []
+        end = 0
+        for s in self.scheduled:
+            end += s.num_new_tokens
+            if s.samples:
+                owners.append((s, len(token_indices)))
+                token_indices.extend(range(end - s.num_logits_rows, end))
+        return LogitsRows(token_indices, owners)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """Decode rows of live sequences (pad rows are counted apart)."""
+        return sum(1 for s in self.scheduled if s.is_decode and not s.is_pad)
+
+    @property
+    def num_verify_tokens(self) -> int:
+        """Rows of sequences that check drafts: the last sampled token plus the drafts."""
+        return sum(s.num_new_tokens for s in self.scheduled if s.num_draft_tokens)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Rows of prompt (or recompute) chunks longer than one."""
+        return sum(s.num_new_tokens for s in self.scheduled if not s.is_decode and not s.num_draft_tokens)
+
+    @property
+    def num_pad_rows(self) -> int:
+        """Rows computed for finished members of a padded static cohort."""
+        return sum(1 for s in self.scheduled if s.is_pad)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Speculative tokens checked this step."""
+        return sum(s.num_draft_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing to run."""
+        return not self.scheduled
+
+
+@dataclass
+class SampledTokens:
+    """What one sequence appends after a step: sampled, or verified drafts plus one."""
+
+    seq: Sequence
+    tokens: list[tuple[int, TokenLogprob | None]]
+    num_drafts: int = 0  # drafts it checked this step
+
+
+@dataclass
+class Appended:
+    """One sequence's result of ``Scheduler.update``: its new tokens, and whether it ended."""
+
+    seq: Sequence
+    new_token_ids: list[int]
+    finished: bool

@@ -1,0 +1,40 @@
+"""Turn a step's logits into the tokens each sequence appends: the sampler draws one
+token per plain row, the draft verifier checks the rows of sequences with drafts, and
+requests with n > 1 fork their other samples from the leader's first row."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from worker.engine.sampler import Sampler
+from worker.engine.speculation import verify_drafts
+from worker.engine.step_plan import SampledTokens, ScheduledSequence, SchedulerOutput
+
+# Called with each plainly sampled sequence and its logits row ``[vocab]``: the samples
+# it forks (empty for all but the first token of an n > 1 request).
+Forker = Callable[[ScheduledSequence, torch.Tensor], list[SampledTokens]]
+
+
+def sample_step(
+    plan: SchedulerOutput, logits: torch.Tensor, sampler: Sampler, fork: Forker
+) -> tuple[list[SampledTokens], int]:
+    """What every sampling sequence of ``plan`` appends, given ``logits`` ``[rows, vocab]``
+    laid out as ``plan.logits_rows``; and how many drafts were accepted."""
+    owners = plan.logits_rows.owners
+    plain = [(s, row) for s, row in owners if not s.num_draft_tokens]
+    drafted = [(s, row) for s, row in owners if s.num_draft_tokens]
+    results: list[SampledTokens] = []
+    if plain:
+        rows = [row for _, row in plain]
+        plain_logits = logits if len(rows) == logits.shape[0] else logits[rows]  # [num_plain, vocab]
+        drawn = sampler.sample(plain_logits, [s.seq for s, _ in plain])
+        for i, (s, _) in enumerate(plain):
+            results.append(SampledTokens(s.seq, [(drawn.token_ids[i], drawn.logprobs[i])]))
+            results.extend(fork(s, plain_logits[i]))
+    num_accepted = 0
+    if drafted:
+        verified, num_accepted = verify_drafts(drafted, logits)
+        results.extend(verified)
+    return results, num_accepted

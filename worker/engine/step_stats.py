@@ -1,0 +1,47 @@
+"""The StepStats of one step, from its plan and the scheduler's state after it."""
+
+from __future__ import annotations
+
+from worker.engine.outputs import RequestOutput, StepStats
+from worker.engine.scheduler import Scheduler
+from worker.engine.step_plan import SchedulerOutput
+
+
+def step_stats(
+    step: int,
+    plan: SchedulerOutput,
+    scheduler: Scheduler,
+    outputs: list[RequestOutput],
+    *,
+    timings: tuple[float, float, float, float],  # start time, schedule, forward, sample seconds
+    waiting_before: int,
+    num_accepted: int,
+) -> StepStats:
+    """Counts of the step's rows by kind (see ``step_plan``), queues and KV after it."""
+    start, schedule_s, forward_s, sample_s = timings
+    bm = scheduler.block_manager
+    holding = (*scheduler.running, *scheduler.padding)
+    return StepStats(
+        step=step,
+        num_running=len(scheduler.running),
+        num_waiting=len(scheduler.waiting),
+        num_prefill_tokens=plan.num_prefill_tokens,
+        num_decode_tokens=plan.num_decode_tokens,
+        kv_blocks_used=bm.num_used_blocks,
+        kv_blocks_total=bm.num_blocks,
+        num_preemptions=len(plan.preempted),
+        num_admitted=plan.num_admitted,
+        num_finished=sum(1 for o in outputs if o.finished),
+        schedule_seconds=schedule_s,
+        forward_seconds=forward_s,
+        sample_seconds=sample_s,
+        start_time=start,
+        num_cached_tokens=plan.num_cached_tokens,
+        kv_tokens=sum(s.num_computed_tokens for s in holding),
+        num_scheduled_seqs=len(plan.scheduled),
+        num_waiting_before=waiting_before,
+        num_draft_tokens=plan.num_draft_tokens,
+        num_accepted_tokens=num_accepted,
+        num_verify_tokens=plan.num_verify_tokens,
+        num_pad_rows=plan.num_pad_rows,
+    )
