@@ -30,9 +30,10 @@ def synchronize(device: torch.device) -> None:
 
 
 def release_memory(device: torch.device) -> None:
-    """Collect garbage and return cached CUDA blocks, between sections."""
-    gc.collect()
+    """On CUDA, collect garbage and return cached blocks (models freed between runs); on
+    the CPU reference counting frees them and a full collection costs ~0.4 s each time."""
     if is_cuda(device):
+        gc.collect()
         torch.cuda.empty_cache()
 
 
