@@ -87,11 +87,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "bandwidth": sections.bandwidth_figures, "throughput": sections.throughput_runs}
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     start = time.perf_counter()
-    workspace = Workspace(plan)
+    workspace = Workspace(plan, started=start)
     results = []
     try:
         for key in args.sections:
-            left = plan.budget_s - (time.perf_counter() - start)
+            left = workspace.seconds_left()
             skip = None
             if left < plan.min_seconds.get(key, 0):
                 skip = f"out of the time budget ({left:.0f}s left of {plan.budget_s:.0f}s)"

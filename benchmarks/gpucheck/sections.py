@@ -27,6 +27,7 @@ from benchmarks.gpucheck.pytest_runs import (
 )
 from benchmarks.gpucheck.report import Recorder
 from benchmarks.gpucheck.workspace import Workspace
+from worker.engine.bench.workload import BenchRequest
 
 NO_CUDA = "no CUDA device here"
 
@@ -220,22 +221,41 @@ def throughput_runs(rec: Recorder, ws: Workspace) -> None:
     rec.check("every engine run produced every requested token", True)
     path = ws.checkpoint(plan.big_arch)
     ws.drop_engine()
+    _hf_runs(rec, ws, path, requests, runs)
+    _throughput_tables(rec, runs)
+
+
+def _hf_time_cap(ws: Workspace, runs_left: int) -> float:
+    """The plan's cap, shortened so the runs still to come fit in what is left."""
+    return max(10.0, min(ws.plan.hf_time_cap_s, (ws.seconds_left() - 20) / runs_left))
+
+
+def _hf_runs(rec: Recorder, ws: Workspace, path: str, requests: list[BenchRequest],
+             runs: dict[str, dict[str, Any]]) -> None:
+    """HF static generate, then HF continuous batching; a failure of one is recorded."""
+    plan = ws.plan
     hf = parity.load_hf(path, plan.engine_dtype, plan.device)
-    throughput.run_hf_static(hf, requests[:2], batch_size=2, time_cap_s=60)  # warm-up
-    runs["HF static generate"] = throughput.run_hf_static(
-        hf, requests, batch_size=plan.slots, time_cap_s=plan.hf_time_cap_s)
-    if throughput.hf_continuous_available():
-        result = throughput.run_hf_continuous(
-            hf, requests, max_batch=plan.slots, block_size=plan.block_size,
-            num_blocks=ws.kv_blocks(), time_cap_s=plan.hf_time_cap_s)
-        runs["HF continuous batching"] = result
-        rec.check("HF continuous batching gave each request its max_tokens",
-                  result["wrong_lengths"] == 0, f"{result['wrong_lengths']} wrong lengths")
-    else:
+    try:
+        warm = [BenchRequest(r.id, r.prompt_token_ids, 4) for r in requests[:2]]
+        throughput.run_hf_static(hf, warm, batch_size=2, time_cap_s=60)  # warm-up
+        runs["HF static generate"] = throughput.run_hf_static(
+            hf, requests, batch_size=plan.slots, time_cap_s=_hf_time_cap(ws, 2))
+    except Exception as exc:  # recorded; the continuous run still goes
+        rec.check("HF static generate", False, f"{type(exc).__name__}: {exc}")
+    if not throughput.hf_continuous_available():
         rec.skip("HF continuous batching", "this transformers has no continuous batching API")
+    else:
+        try:
+            result = throughput.run_hf_continuous(
+                hf, requests, max_batch=plan.slots, block_size=plan.block_size,
+                num_blocks=ws.kv_blocks(), time_cap_s=_hf_time_cap(ws, 1))
+            runs["HF continuous batching"] = result
+            rec.check("HF continuous batching gave each request its max_tokens",
+                      result["wrong_lengths"] == 0, f"{result['wrong_lengths']} wrong lengths")
+        except Exception as exc:  # recorded with the runs that did finish
+            rec.check("HF continuous batching", False, f"{type(exc).__name__}: {exc}")
     del hf
     release_memory(plan.device)
-    _throughput_tables(rec, runs)
 
 
 def _throughput_tables(rec: Recorder, runs: dict[str, dict[str, Any]]) -> None:

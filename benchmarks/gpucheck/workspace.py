@@ -9,6 +9,7 @@ throughput sections, so the model is loaded once.
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,17 @@ from worker.engine.bench.workload import BenchRequest
 class Workspace:
     """Lazily built checkpoints, workload and engine of one run."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, *, started: float | None = None) -> None:
         self.plan = plan
+        self.deadline = (time.perf_counter() if started is None else started) + plan.budget_s
         self._tmp = tempfile.TemporaryDirectory(prefix="gpu_check-")
         self._paths: dict[str, str] = {}
         self._engine: Any = None
         self._workload: list[BenchRequest] | None = None
+
+    def seconds_left(self) -> float:
+        """Seconds of the run's budget that remain."""
+        return self.deadline - time.perf_counter()
 
     def checkpoint(self, name: str) -> str:
         """Local directory of ``name``: a tiny test model, or an architecture of the plan."""
