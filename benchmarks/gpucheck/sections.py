@@ -52,14 +52,22 @@ def _record_pytest(rec: Recorder, name: str, result: PytestResult) -> None:
         rec.note(f"- FAILED {failure}")
 
 
+def _can_run_pytest_on_cuda(rec: Recorder, ws: Workspace, name: str, off_cuda: str) -> bool:
+    """CUDA and pytest are both here; otherwise record the skip and why."""
+    if not is_cuda(ws.plan.device):
+        rec.skip(name, f"{NO_CUDA}; {off_cuda}")
+        return False
+    if not pytest_available():
+        rec.skip(name, "pytest is not installed: carry its wheels (docs/kernels.md)")
+        return False
+    return True
+
+
 def kernel_tests(rec: Recorder, ws: Workspace) -> None:
     """tests/test_kernels_triton.py compiled on CUDA (same grids as under the interpreter)."""
     name = "Triton kernel tests on CUDA"
-    if not is_cuda(ws.plan.device):
-        rec.skip(name, f"{NO_CUDA}; the test suite runs them under the Triton interpreter")
-        return
-    if not pytest_available():
-        rec.skip(name, "pytest is not installed: carry its wheels (docs/kernels.md)")
+    if not _can_run_pytest_on_cuda(rec, ws, name, "the test suite runs them under the "
+                                                  "Triton interpreter"):
         return
     result = run_pytest(["tests/test_kernels_triton.py"], timeout_s=ws.plan.kernel_tests_timeout_s,
                         env={"INFLIGHT_TRITON_TEST_DEVICE": "cuda", "TRITON_INTERPRET": None})
@@ -69,11 +77,7 @@ def kernel_tests(rec: Recorder, ws: Workspace) -> None:
 def gpu_tests(rec: Recorder, ws: Workspace) -> None:
     """The engine's tests marked ``gpu`` (``pytest -m gpu``)."""
     name = "pytest -m gpu"
-    if not is_cuda(ws.plan.device):
-        rec.skip(name, f"{NO_CUDA}; gpu-marked tests skip themselves without one")
-        return
-    if not pytest_available():
-        rec.skip(name, "pytest is not installed: carry its wheels (docs/kernels.md)")
+    if not _can_run_pytest_on_cuda(rec, ws, name, "gpu-marked tests skip themselves without one"):
         return
     files = gpu_marked_files(REPO_ROOT / "tests")
     if not rec.check("gpu-marked test files found", bool(files), "none under tests/",
