@@ -22,6 +22,7 @@ from worker.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutpu
 from worker.engine.sequence import Sequence, SequenceStatus
 from worker.engine.speculation import NgramSpeculator, accept
 from worker.engine.stopping import StopChecker
+from worker.engine.swap import make_swapper
 from worker.protocol.sampling_params import InvalidRequestError, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -91,10 +92,14 @@ class LLMEngine:
             use_decode_graphs=args.decode_graphs,
         )
         self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        self.swapper = make_swapper(self.runner.k_pool, self.runner.v_pool,
+                                    block_size=args.block_size, swap_space=args.swap_space,
+                                    min_tokens=args.swap_min_tokens)
         self.scheduler = Scheduler(
             block_manager=self.block_manager, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, policy=args.policy,
             enable_chunked_prefill=args.enable_chunked_prefill, tenant_weights=args.tenant_weights,
+            swap=self.swapper.manager if self.swapper is not None else None,
         )
         self.eos_token_ids = self._eos_token_ids(config)
         self.sampler = Sampler(eos_token_ids=self.eos_token_ids, device=self.device, seed=args.seed)
@@ -257,6 +262,8 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         t1 = time.perf_counter()
         self.runner.copy_blocks(plan.block_copies)  # copy-on-write, before anything writes
+        if self.swapper is not None:
+            self.swapper.apply()  # swapped KV out to the host and back, before the forward
         logits = self.runner.execute(plan.scheduled) if not plan.is_empty else None
         t2 = time.perf_counter()
         outputs, num_accepted = self._process(plan, logits, start)
