@@ -74,3 +74,14 @@ def test_fp32_greedy_on_cuda_equals_hf_generate(model: str) -> None:
     prompts = prompt_token_lists(llm.tokenizer, 6, seed=2)
     ours = _tokens(llm, prompts)
     assert ours == [hf_greedy(model, p, GREEDY.max_tokens) for p in prompts]
+
+
+def test_swap_preemption_through_pinned_host_memory_loses_nothing() -> None:
+    """A pool too small for the batch: preempted KV goes to pinned host memory and back."""
+    args = dict(device="cuda", dtype="float32", max_num_seqs=16)
+    roomy = LLM("tiny-llama", num_kv_blocks=256, **args)
+    tight = LLM("tiny-llama", num_kv_blocks=12, swap_space=1 << 20, swap_min_tokens=1, **args)
+    assert tight.engine.swapper is not None and tight.engine.swapper.pool.k_host.is_pinned()
+    prompts = prompt_token_lists(roomy.tokenizer, 10, seed=6, lo=10, hi=50)
+    assert _tokens(tight, prompts) == _tokens(roomy, prompts)
+    assert tight.engine.swapper.manager.total_swapped_out > 0
