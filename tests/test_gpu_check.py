@@ -94,6 +94,17 @@ def test_a_failing_section_is_recorded_and_does_not_raise() -> None:
     assert run_section("ok", "Ok", lambda rec: rec.check("x", True))["status"] == PASSED
     assert run_section("bad", "Bad", lambda rec: rec.check("x", False, "r"))["status"] == FAILED
 
+    def one_part_breaks(rec):
+        assert rec.attempt("part 1", lambda: 1 / 0) is None
+        assert rec.attempt("part 2", lambda: 2) == 2
+        rec.check("part 2 ran", True)
+
+    result = run_section("parts", "Parts", one_part_breaks)
+    assert result["status"] == FAILED and result["error"] is None
+    assert [(c["name"], c["status"]) for c in result["checks"]] == [
+        ("part 1", FAILED), ("part 2 ran", PASSED)]
+    assert "ZeroDivisionError" in result["checks"][0]["reason"]
+
 
 def test_pytest_runner_counts_outcomes_and_keeps_failures(tmp_path: Path) -> None:
     (tmp_path / "test_sample.py").write_text(

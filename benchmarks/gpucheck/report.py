@@ -14,8 +14,9 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 JSON_NAME, MARKDOWN_NAME = "gpu_check.json", "gpu_check.md"
 
@@ -52,6 +53,16 @@ class Recorder:
         """Record a verdict; ``reason`` is kept when it failed. Returns ``ok``."""
         self.checks.append(Check(name, PASSED if ok else FAILED, None if ok else reason, detail))
         return ok
+
+    def attempt(self, name: str, fn: Callable[[], T]) -> T | None:
+        """``fn()``, or None with a failed check ``name`` saying what it raised (the
+        section goes on with its next part)."""
+        try:
+            return fn()
+        except Exception as exc:  # recorded as this part's failure
+            self.check(name, False, f"{type(exc).__name__}: {exc}",
+                       traceback=traceback.format_exc(limit=6))
+            return None
 
     def skip(self, name: str, reason: str) -> None:
         """Record a check that could not run here, and why."""

@@ -7,6 +7,7 @@ missed goal is a finding, not a broken check.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -117,39 +118,48 @@ def decode_graphs(rec: Recorder, ws: Workspace) -> None:
               [[r.get(c) for c in columns] for r in rows])
 
 
-def parity_checks(rec: Recorder, ws: Workspace) -> None:
-    """Greedy tokens equal HF ``generate`` (up to near ties) per model and dtype."""
+def _parity_of(ws: Workspace, model: str, dtype: str) -> list[parity.PromptParity]:
+    """Greedy tokens of this engine and of HF on seeded prompts, compared per prompt."""
     from worker.engine import LLM
 
     plan = ws.plan
+    path = ws.checkpoint(model)
+    llm = LLM(path, device=plan.device.type, dtype=dtype, attention_backend=plan.attention_backend,
+              max_num_seqs=plan.parity_prompts, max_model_len=plan.max_model_len,
+              num_kv_blocks=256, block_size=plan.block_size, seed=plan.seed)
+    vocab = llm.engine.runner.model.config.vocab_size
+    prompts = parity.random_prompts(plan.parity_prompts, vocab, seed=plan.seed,
+                                    min_len=plan.parity_prompt_len[0],
+                                    max_len=plan.parity_prompt_len[1])
+    ours = parity.engine_greedy(llm, prompts, plan.parity_new_tokens)
+    del llm
+    release_memory(plan.device)
+    hf = parity.load_hf(path, dtype, plan.device)
+    results = []
+    for prompt, tokens in zip(prompts, ours, strict=True):
+        theirs, scores = parity.hf_greedy_with_scores(hf, prompt, plan.parity_new_tokens)
+        results.append(parity.compare(tokens, theirs, scores))
+    del hf
+    release_memory(plan.device)
+    return results
+
+
+def parity_checks(rec: Recorder, ws: Workspace) -> None:
+    """Greedy tokens equal HF ``generate`` (up to near ties) per model and dtype."""
+    plan = ws.plan
     rows = []
     for model in plan.parity_models:
-        path = ws.checkpoint(model)
         for dtype in plan.parity_dtypes:
-            llm = LLM(path, device=plan.device.type, dtype=dtype,
-                      attention_backend=plan.attention_backend, max_num_seqs=plan.parity_prompts,
-                      max_model_len=plan.max_model_len, num_kv_blocks=256,
-                      block_size=plan.block_size, seed=plan.seed)
-            vocab = llm.engine.runner.model.config.vocab_size
-            prompts = parity.random_prompts(plan.parity_prompts, vocab, seed=plan.seed,
-                                            min_len=plan.parity_prompt_len[0],
-                                            max_len=plan.parity_prompt_len[1])
-            ours = parity.engine_greedy(llm, prompts, plan.parity_new_tokens)
-            del llm
+            name = f"{model} {dtype}"
+            results = rec.attempt(name, functools.partial(_parity_of, ws, model, dtype))
             release_memory(plan.device)
-            hf = parity.load_hf(path, dtype, plan.device)
-            results = []
-            for prompt, tokens in zip(prompts, ours, strict=True):
-                theirs, scores = parity.hf_greedy_with_scores(hf, prompt, plan.parity_new_tokens)
-                results.append(parity.compare(tokens, theirs, scores))
-            del hf
-            release_memory(plan.device)
-            ok = all(r.verdict(dtype) for r in results)
+            if results is None:
+                continue
             margins = [r.margin_over_std for r in results]
-            rec.check(f"{model} {dtype}", ok, "a difference that is not a near tie of HF's "
-                      f"logits (tolerance {parity.TIE_TOLERANCE[dtype]} std)",
-                      matched=[r.matched for r in results], compared=plan.parity_new_tokens,
-                      margins_over_std=margins)
+            rec.check(name, all(r.verdict(dtype) for r in results),
+                      f"a difference that is not a near tie of HF's logits (tolerance "
+                      f"{parity.TIE_TOLERANCE[dtype]} std)", matched=[r.matched for r in results],
+                      compared=plan.parity_new_tokens, margins_over_std=margins)
             rows.append([model, dtype, len(results), sum(r.matched == r.length for r in results),
                          min(r.matched for r in results), plan.parity_new_tokens,
                          max((m for m in margins if m is not None), default=None)])
@@ -213,16 +223,24 @@ def throughput_runs(rec: Recorder, ws: Workspace) -> None:
     rec.figures["workload"] = throughput.workload_summary(requests)
     engine = ws.engine()
     warm_up(engine, requests, max_num_seqs=plan.slots)
-    runs: dict[str, dict[str, Any]] = {}
-    runs["engine continuous, graphs"] = throughput.run_engine_config(
-        engine, requests, name="cont-graphs", slots=plan.slots, policy="fcfs", graphs=True)
-    runs["engine continuous, no graphs"] = throughput.run_engine_config(
-        engine, requests, name="cont-eager", slots=plan.slots, policy="fcfs", graphs=False)
     has_policy = "static-padded" in POLICIES
-    runs["engine static-padded" + ("" if has_policy else " (emulated)")] = (
-        throughput.run_engine_padded_static(engine, requests, slots=plan.slots,
-                                            has_policy=has_policy))
-    rec.check("every engine run produced every requested token", True)
+    engine_runs = {
+        "engine continuous, graphs": functools.partial(
+            throughput.run_engine_config, engine, requests, name="cont-graphs",
+            slots=plan.slots, policy="fcfs", graphs=True),
+        "engine continuous, no graphs": functools.partial(
+            throughput.run_engine_config, engine, requests, name="cont-eager",
+            slots=plan.slots, policy="fcfs", graphs=False),
+        "engine static-padded" + ("" if has_policy else " (emulated)"): functools.partial(
+            throughput.run_engine_padded_static, engine, requests, slots=plan.slots,
+            has_policy=has_policy),
+    }
+    runs: dict[str, dict[str, Any]] = {}
+    for name, run in engine_runs.items():
+        result = rec.attempt(name, run)  # run_engine raises unless every token came out
+        if result is not None:
+            runs[name] = result
+            rec.check(f"{name}: every requested token generated", True)
     path = ws.checkpoint(plan.big_arch)
     ws.drop_engine()
     _hf_runs(rec, ws, path, requests, runs)
@@ -274,9 +292,9 @@ def _throughput_tables(rec: Recorder, runs: dict[str, dict[str, Any]]) -> None:
                 r.get("mean_step_ms"), r.get("slot_utilization"), r.get("kv_waste"),
                 r.get("complete", True)] for name, r in runs.items()])
     tps = {name: r.get("useful_tokens_per_s") for name, r in runs.items()}
-    best = tps["engine continuous, graphs"] or 0.0
-    ratios = {f"engine continuous, graphs / {name}": best / value
-              for name, value in tps.items() if value and not name.startswith("engine continuous, g")}
+    best = tps.get("engine continuous, graphs") or 0.0
+    ratios = {f"engine continuous, graphs / {name}": best / value for name, value in tps.items()
+              if best and value and not name.startswith("engine continuous, g")}
     rec.figures["ratios"] = ratios
     hf_continuous = tps.get("HF continuous batching")
     if hf_continuous:
