@@ -541,6 +541,14 @@ def test_prefill_odd_head_dim_int32_indices(run: Run) -> None:
     run(check_prefill_odd_head_dim)
 
 
+def test_head_dim_16_of_the_tiny_models(run: Run) -> None:
+    """head_dim 16 (tiny-llama, tiny-qwen2): the smallest tile ``tl.dot`` accepts."""
+    run(check_write_kv, torch.float32, torch.float32, 16, 16)
+    run(check_decode, ragged(16), 16, 16, 2, seed=1)
+    run(check_decode, ragged(16), 16, 16, 2, partition_size=64, seed=1)
+    run(check_prefill, chunk_layout(16), 16, 16, 2, num_kv_heads=2, seed=2)
+
+
 def test_triton_backend_matches_torch_backend(run: Run) -> None:
     run(check_backend_pipeline)
 
