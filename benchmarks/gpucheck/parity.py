@@ -60,14 +60,20 @@ def compare(ours: Sequence[int], theirs: Sequence[int], scores: Sequence[torch.T
     return PromptParity(matched, length, margin)
 
 
-def engine_greedy(llm: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int
+def engine_greedy(engine: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int
                   ) -> list[list[int]]:
-    """This engine's greedy tokens for every prompt, batched (continuous batching)."""
+    """This engine's greedy tokens for every prompt, batched (continuous batching); the
+    engine (an ``LLMEngine``, drained) is left drained."""
     from worker.engine import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True)
-    return [list(o.token_ids) for o in llm.generate([list(p) for p in prompts], params,
-                                                     use_tqdm=False)]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"parity-{i}", list(prompt), params)
+    done: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        outputs, _ = engine.step()
+        done.update({o.request_id: list(o.token_ids) for o in outputs if o.finished})
+    return [done[f"parity-{i}"] for i in range(len(prompts))]
 
 
 def load_hf(path: str, dtype: str, device: torch.device) -> Any:

@@ -70,7 +70,7 @@ def make_plan(device: torch.device, *, quick: bool, budget_s: float, seed: int =
                 attention_shapes=[(64, 1024), (256, 1024), (64, 4096), (16, 8192)],
                 step_batches=[1, 64, 256],
                 min_seconds={"decode_graphs": 30, "parity": 60, "bandwidth": 20,
-                             "throughput": 60})
+                             "throughput": 90})
     if device.type == "cpu":
         plan.attention_backend = "torch"
         plan.engine_dtype = "float32"

@@ -119,20 +119,26 @@ def decode_graphs(rec: Recorder, ws: Workspace) -> None:
 
 
 def _parity_of(ws: Workspace, model: str, dtype: str) -> list[parity.PromptParity]:
-    """Greedy tokens of this engine and of HF on seeded prompts, compared per prompt."""
-    from worker.engine import LLM
+    """Greedy tokens of this engine and of HF on seeded prompts, compared per prompt (the
+    big engine serves its own model and dtype; other pairs get a small engine)."""
+    from worker.engine import EngineArgs, LLMEngine
 
     plan = ws.plan
     path = ws.checkpoint(model)
-    llm = LLM(path, device=plan.device.type, dtype=dtype, attention_backend=plan.attention_backend,
-              max_num_seqs=plan.parity_prompts, max_model_len=plan.max_model_len,
-              num_kv_blocks=256, block_size=plan.block_size, seed=plan.seed)
-    vocab = llm.engine.runner.model.config.vocab_size
+    if model == plan.big_arch and dtype == plan.engine_dtype:
+        engine = ws.engine()
+    else:
+        engine = LLMEngine(EngineArgs(
+            model=path, device=plan.device.type, dtype=dtype,
+            attention_backend=plan.attention_backend, max_num_seqs=plan.parity_prompts,
+            max_model_len=plan.max_model_len, num_kv_blocks=256, block_size=plan.block_size,
+            seed=plan.seed))
+    vocab = engine.runner.model.config.vocab_size
     prompts = parity.random_prompts(plan.parity_prompts, vocab, seed=plan.seed,
                                     min_len=plan.parity_prompt_len[0],
                                     max_len=plan.parity_prompt_len[1])
-    ours = parity.engine_greedy(llm, prompts, plan.parity_new_tokens)
-    del llm
+    ours = parity.engine_greedy(engine, prompts, plan.parity_new_tokens)
+    del engine
     release_memory(plan.device)
     hf = parity.load_hf(path, dtype, plan.device)
     results = []
