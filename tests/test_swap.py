@@ -101,12 +101,18 @@ def workload() -> tuple[list[list[int]], list[int], list[list[int]], int]:
     return prompts, max_tokens, expected, prefill
 
 
-def test_swapping_loses_nothing_and_computes_no_prompt_twice(workload) -> None:
-    prompts, max_tokens, expected, prefill = workload
+def _tight_run(workload, min_tokens: int) -> tuple[list[list[int]], int, int, SwapManager]:
+    """The workload on a 12-block pool with 1 MiB of host swap space."""
+    prompts, max_tokens, _, _ = workload
     engine = LLMEngine(model="tiny-llama", num_kv_blocks=12, max_num_seqs=16,
-                       swap_space=1 << 20, swap_min_tokens=1)
-    outputs, preemptions, swapped_prefill = _run(engine, prompts, max_tokens)
-    manager = engine.swapper.manager
+                       swap_space=1 << 20, swap_min_tokens=min_tokens)
+    assert engine.swapper is not None
+    return (*_run(engine, prompts, max_tokens), engine.swapper.manager)
+
+
+def test_swapping_loses_nothing_and_computes_no_prompt_twice(workload) -> None:
+    expected, prefill = workload[2], workload[3]
+    outputs, preemptions, swapped_prefill, manager = _tight_run(workload, min_tokens=1)
     assert preemptions > 0 and manager.total_swapped_out == preemptions
     assert outputs == expected
     # a swapped-in sequence resumes where it stopped: its prompt runs once, like without
@@ -116,14 +122,10 @@ def test_swapping_loses_nothing_and_computes_no_prompt_twice(workload) -> None:
 
 
 def test_short_contexts_recompute_long_ones_swap(workload) -> None:
-    prompts, max_tokens, expected, _ = workload
-    engine = LLMEngine(model="tiny-llama", num_kv_blocks=12, max_num_seqs=16,
-                       swap_space=1 << 20, swap_min_tokens=40)
-    outputs, preemptions, _ = _run(engine, prompts, max_tokens)
-    manager = engine.swapper.manager
+    outputs, preemptions, _, manager = _tight_run(workload, min_tokens=40)
     assert manager.total_swapped_out > 0 and manager.total_recomputed > 0
     assert manager.total_swapped_out + manager.total_recomputed == preemptions
-    assert outputs == expected
+    assert outputs == workload[2]
 
 
 def test_swap_space_smaller_than_a_block_is_refused() -> None:
