@@ -10,6 +10,16 @@ import torch
 from worker.engine.models.loader import resolve_checkpoint_dir
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked ``gpu`` are skipped, saying why, where torch sees no CUDA device."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @functools.cache
 def checkpoint_dir(spec: str) -> str:
     """Local HF directory of ``spec`` (tiny models are built, GGUF converted, once)."""

@@ -1,4 +1,11 @@
-"""The Triton kernels under the Triton interpreter (TRITON_INTERPRET=1) against kernels/reference.py.
+"""The Triton kernels against kernels/reference.py: under the interpreter, or on CUDA.
+
+By default every check runs under the Triton interpreter (TRITON_INTERPRET=1, on the
+CPU). With ``INFLIGHT_TRITON_TEST_DEVICE=cuda`` the same checks, over the same grids, run
+compiled on the GPU instead (benchmarks/gpu_check.py does this): in the pytest process,
+with CUDA as the default device so every input, cache and output is built there.
+
+Interpreter mode:
 
 Triton reads TRITON_INTERPRET when ``triton.language`` is imported (its own helpers such
 as ``tl.max`` are ``@triton.jit`` functions) and when a kernel is decorated, so it must be
@@ -31,12 +38,13 @@ import torch
 
 from kernels import reference
 from kernels.backend import TORCH_BACKEND, get_backend
-from tests.test_kernels_reference import PagedBatch, cu_seqlens, make_paged_batch
+from tests.paged_batch import PagedBatch, cu_seqlens, make_paged_batch
 
 if importlib.util.find_spec("triton") is None:  # found, not imported: see the docstring
     pytest.skip("triton is not installed: the Triton kernels cannot run", allow_module_level=True)
 
 CALL_TIMEOUT_S = 120  # one check in the worker; a hung kernel fails instead of blocking
+DEVICE_ENV = "INFLIGHT_TRITON_TEST_DEVICE"  # unset or "interpreter": interpreter; "cuda": GPU
 
 # (atol, rtol) of the kernel output against the fp32 reference on the same inputs.
 # fp32: both sides accumulate in fp32 (tl.dot with input_precision="ieee"); differences are
@@ -130,9 +138,46 @@ class InterpreterWorker:
         self.conn.close()
 
 
+def _compiled_for_cuda() -> bool:
+    """In this process: the kernels are compiled (not interpreted) and CUDA is usable."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from kernels import triton_decode_attention
+
+    return torch.cuda.is_available() and not isinstance(
+        triton_decode_attention._decode_kernel, InterpretedFunction
+    )
+
+
+class CudaRunner:
+    """Runs the checks in this process with CUDA as the default device."""
+
+    def __init__(self) -> None:
+        if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+            pytest.fail(f"{DEVICE_ENV}=cuda with TRITON_INTERPRET set: unset TRITON_INTERPRET")
+        if not _compiled_for_cuda():
+            pytest.fail(f"{DEVICE_ENV}=cuda but CUDA is not available to torch and triton")
+
+    def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` with tensors created on CUDA; waits for the device."""
+        with torch.device("cuda"):
+            result = fn(*args, **kwargs)
+        torch.cuda.synchronize()
+        return result
+
+
+def test_device_selection_is_known() -> None:
+    """A misspelt device must not silently fall back to the interpreter."""
+    assert os.environ.get(DEVICE_ENV, "interpreter") in ("interpreter", "cuda")
+
+
 @pytest.fixture(scope="module")
 def run() -> Iterator[Run]:
-    """``run(fn, *args)`` calls a module-level ``fn`` in the interpreter worker."""
+    """``run(fn, *args)`` calls a module-level ``fn`` in the interpreter worker, or on CUDA
+    when ``INFLIGHT_TRITON_TEST_DEVICE=cuda``."""
+    if os.environ.get(DEVICE_ENV) == "cuda":
+        yield CudaRunner()
+        return
     worker = InterpreterWorker()
     yield worker
     worker.close()
@@ -326,7 +371,7 @@ def check_backend_pipeline() -> None:
     """Through get_backend: write_kv + prefill of two prompts, then write_kv + decode."""
     from kernels.triton_backend import TRITON_BACKEND
 
-    backend = get_backend("cpu", prefer="triton")
+    backend = get_backend(torch.get_default_device(), prefer="triton")
     assert backend is TRITON_BACKEND and backend.name == "triton"
     block_size, num_kv_heads, num_heads, head_dim = 16, 2, 4, 64
     shape = (6, block_size, num_kv_heads, head_dim)
@@ -335,7 +380,7 @@ def check_backend_pipeline() -> None:
     steps = [(prompts, prompts), ([n + 1 for n in prompts], [1, 1])]  # (context, q_lens)
     results = []
     for impl in (backend, TORCH_BACKEND):
-        gen = torch.Generator().manual_seed(0)
+        gen = torch.Generator(device=torch.get_default_device()).manual_seed(0)
         k_cache, v_cache = poisoned(shape, torch.float32), poisoned(shape, torch.float32)
         outs = []
         for lens, q_lens in steps:
@@ -494,6 +539,14 @@ def test_prefill_long_context(run: Run) -> None:
 
 def test_prefill_odd_head_dim_int32_indices(run: Run) -> None:
     run(check_prefill_odd_head_dim)
+
+
+def test_head_dim_16_of_the_tiny_models(run: Run) -> None:
+    """head_dim 16 (tiny-llama, tiny-qwen2): the smallest tile ``tl.dot`` accepts."""
+    run(check_write_kv, torch.float32, torch.float32, 16, 16)
+    run(check_decode, ragged(16), 16, 16, 2, seed=1)
+    run(check_decode, ragged(16), 16, 16, 2, partition_size=64, seed=1)
+    run(check_prefill, chunk_layout(16), 16, 16, 2, num_kv_heads=2, seed=2)
 
 
 def test_triton_backend_matches_torch_backend(run: Run) -> None:

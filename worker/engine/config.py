@@ -34,6 +34,8 @@ class EngineArgs:
     prepack_weights: bool | None = None  # oneDNN-prepacked linears on CPU; None: when available
     num_speculative_tokens: int = 0  # n-gram drafts per greedy sequence per step; 0 = off
     speculative_max_rows: int = 128  # decode rows + drafts per step, beyond which no drafts
+    swap_space: int = 0  # bytes of host memory for preempted KV; 0: preempt by recompute only
+    swap_min_tokens: int = 256  # swap contexts at least this long, recompute shorter ones
 
     def __post_init__(self) -> None:
         self.validate()
@@ -50,6 +52,8 @@ class EngineArgs:
             raise InvalidRequestError(
                 "num_speculative_tokens must be >= 0 and speculative_max_rows >= 1"
             )
+        if self.swap_space < 0 or self.swap_min_tokens < 1:
+            raise InvalidRequestError("swap_space must be >= 0 bytes and swap_min_tokens >= 1")
         if self.max_num_seqs < 1:
             raise InvalidRequestError(f"max_num_seqs={self.max_num_seqs}: must be >= 1")
         if self.max_num_batched_tokens < 1:

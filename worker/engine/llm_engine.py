@@ -27,6 +27,7 @@ from worker.engine.step_plan import SampledTokens, ScheduledSequence
 from worker.engine.step_sampling import sample_step
 from worker.engine.step_stats import step_stats
 from worker.engine.stopping import StopChecker
+from worker.engine.swap import make_swapper
 from worker.protocol.sampling_params import InvalidRequestError, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -42,10 +43,14 @@ class LLMEngine:
         self.device, self.dtype, self.max_model_len = runner.device, runner.dtype, runner.max_model_len
         self.prepacked, self.load_seconds = runner.prepacked, runner.load_seconds
         self.block_manager = BlockManager(runner.num_blocks, args.block_size, args.enable_prefix_caching)
+        self.swapper = make_swapper(runner.k_pool, runner.v_pool,
+                                    block_size=args.block_size, swap_space=args.swap_space,
+                                    min_tokens=args.swap_min_tokens)
         self.scheduler = Scheduler(
             block_manager=self.block_manager, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, policy=args.policy,
             enable_chunked_prefill=args.enable_chunked_prefill, tenant_weights=args.tenant_weights,
+            swap=self.swapper.manager if self.swapper is not None else None,
         )
         self.sampler = Sampler(eos_token_ids=runner.eos_token_ids, device=runner.device, seed=args.seed)
         self.tracker = RequestTracker(
@@ -139,6 +144,8 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         t1 = time.perf_counter()
         self.runner.copy_blocks(plan.block_copies)  # copy-on-write, before anything writes
+        if self.swapper is not None:
+            self.swapper.apply()  # swapped KV out to the host and back, before the forward
         logits = self.runner.execute(plan) if not plan.is_empty else None
         t2 = time.perf_counter()
         self.tracker.note_scheduled(plan, self.step_index, start)

@@ -35,6 +35,7 @@ from worker.engine.scheduling_policy import (
 )
 from worker.engine.sequence import Sequence, SequenceStatus
 from worker.engine.step_plan import Appended, SampledTokens, ScheduledSequence, SchedulerOutput
+from worker.engine.swap import SwapManager
 
 __all__ = ["SHIELD_AFTER_PREEMPTIONS", "ScheduledSequence", "Scheduler", "SchedulerOutput"]
 
@@ -53,8 +54,10 @@ class Scheduler:
         policy: str = "fcfs",
         enable_chunked_prefill: bool = True,
         tenant_weights: dict[str, float] | None = None,
+        swap: SwapManager | None = None,
     ) -> None:
         self.block_manager = block_manager
+        self.swap = swap  # swap preemption (worker/engine/swap.py); None: recompute only
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = policy
@@ -89,6 +92,8 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free(seq, keep_cached=keep_cached)
+        if self.swap is not None:
+            self.swap.discard(seq)
         seq.status = SequenceStatus.FINISHED
         self._end_drained_cohort()
 
@@ -230,6 +235,8 @@ class Scheduler:
                 bm.take_cached(seq, hits)
                 out.num_cached_tokens += len(hits) * bm.block_size
             bm.grow(seq, computed + num_new)
+            if self.swap is not None:
+                self.swap.swap_in(seq)  # its swapped KV is copied into the new blocks
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append(ScheduledSequence(seq, num_new))
@@ -249,10 +256,13 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
-        """Free ``seq``'s blocks, requeue it first (recompute); return its planned tokens."""
+        """Free ``seq``'s blocks, requeue it first (its KV swapped out to the host, or to be
+        recomputed); return its planned tokens."""
         self.running.remove(seq)
+        swapped = self.swap is not None and self.swap.swap_out(seq)
         self.block_manager.free(seq)
-        seq.num_computed_tokens = 0
+        if not swapped:
+            seq.num_computed_tokens = 0
         speculation.drop_drafts(seq)
         seq.status = SequenceStatus.WAITING
         seq.metrics.num_preemptions += 1
