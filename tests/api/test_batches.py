@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.api.conftest import ApiEnv, batch_lines, jsonl
+from tests.api.conftest import ApiEnv, batch_lines, jsonl, wait_expanded
 from worker.store.schemas import JobResult
 
 pytestmark = pytest.mark.services
@@ -32,7 +32,8 @@ def _create(env: ApiEnv, h: dict[str, str], file_id: str, **kw) -> dict:
         headers=h,
     )
     assert r.status_code == 200, r.text
-    return r.json()
+    assert r.json()["status"] == "validating", r.text  # answers at once, expands in background
+    return wait_expanded(env, h, r.json()["id"])
 
 
 def _finish(env: ApiEnv, batch_id: str, *, fail: set[str] = frozenset()) -> None:
