@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
 
 from api.context import Context
 from api.settings import Settings
@@ -58,9 +58,12 @@ def _register(app: Celery, get_ctx: Callable[[], Context]) -> None:
     # acks_late + reject_on_worker_lost: a Celery child killed mid-expansion puts the task
     # back on the broker; any exception retries with backoff. Both resume after the last
     # committed chunk (and resume_expansions catches whatever still slips through).
+    # A redelivered task that finds the dead child's lease still running retries once the
+    # lease can have expired (eager mode leaves that to the beat's resume_expansions).
     @app.task(
         name="inflight.expand_batch",
         shared=False,
+        bind=True,
         acks_late=True,
         reject_on_worker_lost=True,
         autoretry_for=(Exception,),
@@ -68,10 +71,13 @@ def _register(app: Celery, get_ctx: Callable[[], Context]) -> None:
         retry_backoff_max=60,
         max_retries=8,
     )
-    def expand_batch(batch_id: str) -> str:
-        status = expand.expand_batch(get_ctx(), batch_id=batch_id)
+    def expand_batch(self: Task, batch_id: str) -> str:
+        ctx = get_ctx()
+        status = expand.expand_batch(ctx, batch_id=batch_id)
+        if status == "busy" and not app.conf.task_always_eager:
+            raise self.retry(countdown=ctx.settings.expand_lease, max_retries=None)
         if status == "in_progress":
-            finalize.finalize_batch(get_ctx(), batch_id=batch_id)
+            finalize.finalize_batch(ctx, batch_id=batch_id)
         return status
 
     @app.task(name="inflight.resume_expansions", shared=False)

@@ -66,3 +66,34 @@ class ApiProcess:
                 self.proc.kill()
                 self.proc.wait(10)
         self._log.close()
+
+
+class CeleryWorker:
+    """A Celery control-plane worker (prefork, one child) in a child process."""
+
+    def __init__(self, env: dict[str, str], queue: str, log: Path) -> None:
+        self._log = open(log, "ab")  # noqa: SIM115  (closed in stop)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "api.control.celery_main", "worker",
+             "-P", "prefork", "-c", "1", "-Q", queue, "--without-heartbeat",
+             "--without-mingle", "--without-gossip", "-l", "warning"],
+            cwd=ROOT,
+            env={**os.environ, **env, "INFLIGHT_CELERY_EAGER": "0"},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def children(self) -> list[int]:
+        """Pids of the pool's child processes."""
+        path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+    def stop(self) -> None:
+        """Terminate and close the log."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()

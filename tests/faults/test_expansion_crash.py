@@ -6,6 +6,8 @@ the output file or the error file."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 
 from api.control.batch_ids import line_of_job
 from tests.api.conftest import REDIS_URL, batch_lines
-from tests.faults.processes import ApiProcess
+from tests.faults.processes import ApiProcess, CeleryWorker
 from worker.store.schemas import JobResult
 
 pytestmark = pytest.mark.services
@@ -115,22 +117,26 @@ def test_api_killed_mid_expansion_resumes_every_line_once(make_env, tmp_path: Pa
               interval=0.1)
         assert _finish_all(env.ctx, batch_id) == N_LINES - N_LINES // BAD_EVERY  # (idempotent)
 
-        def batch() -> dict:
-            return httpx.get(f"{second.url}/v1/batches/{batch_id}", headers=h, timeout=30).json()
-
-        _wait(lambda: batch()["status"] == "completed", timeout=60, what="final", interval=0.2)
-        done = batch()
-        bad = N_LINES // BAD_EVERY
-        assert done["request_counts"] == {"total": N_LINES, "completed": N_LINES - bad,
-                                          "failed": bad}
-
-        def lines(file_id: str) -> list[dict]:
-            c = httpx.get(f"{second.url}/v1/files/{file_id}/content", headers=h, timeout=30)
-            return [json.loads(x) for x in c.text.splitlines()]
-
-        out, err = lines(done["output_file_id"]), lines(done["error_file_id"])
+        _assert_every_line_once(
+            env, batch_id, lambda path: httpx.get(second.url + path, headers=h, timeout=30)
+        )
     finally:
         second.stop()
+
+
+def _assert_every_line_once(env, batch_id: str, get) -> None:
+    """The batch completes; each input line is in the output or the error file exactly once
+    (the malformed ones in the error file); no line was published to the stream twice."""
+    _wait(lambda: get(f"/v1/batches/{batch_id}").json()["status"] == "completed", timeout=60,
+          what="completed batch", interval=0.2)
+    done = get(f"/v1/batches/{batch_id}").json()
+    bad = N_LINES // BAD_EVERY
+    assert done["request_counts"] == {"total": N_LINES, "completed": N_LINES - bad, "failed": bad}
+
+    def lines(file_id: str) -> list[dict]:
+        return [json.loads(x) for x in get(f"/v1/files/{file_id}/content").text.splitlines()]
+
+    out, err = lines(done["output_file_id"]), lines(done["error_file_id"])
     seen = Counter(line_of_job(x["response"]["request_id"]) for x in out + err)
     assert set(seen) == set(range(1, N_LINES + 1)) and max(seen.values()) == 1
     assert {line_of_job(x["response"]["request_id"]) for x in err} == {
@@ -139,3 +145,48 @@ def test_api_killed_mid_expansion_resumes_every_line_once(make_env, tmp_path: Pa
     entries = env.ctx.redis.xrange(env.ctx.keys.stream("batch"))
     published = Counter(fields["job_id"] for _, fields in entries)
     assert not published or max(published.values()) == 1  # no line published twice
+
+
+def test_celery_child_killed_mid_expansion_task_is_redelivered(make_env, tmp_path: Path) -> None:
+    """Celery mode: the pool child expanding the batch is killed with -9; acks_late +
+    reject_on_worker_lost put the task back, it waits out the dead child's lease and
+    resumes after the last committed chunk (no beat runs here)."""
+    env = make_env(celery_eager=False, broker_url=REDIS_URL)
+    s = env.settings
+    src = tmp_path / "in.jsonl"
+    _input(src)
+    h = env.auth("t-celery-crash")
+    worker = CeleryWorker(
+        {
+            "DATABASE_URL": s.database_url,
+            "REDIS_URL": REDIS_URL,
+            "CELERY_BROKER_URL": REDIS_URL,
+            "INFLIGHT_PREFIX": s.prefix,
+            "INFLIGHT_STORAGE_DIR": s.storage_dir,
+            "INFLIGHT_EXPAND_CHUNK": "50",
+            "INFLIGHT_EXPAND_LEASE": "2",
+        },
+        f"{s.prefix}:control",
+        tmp_path / "celery.log",
+    )
+    try:
+        with open(src, "rb") as f:
+            up = env.client.post("/v1/files", headers=h, data={"purpose": "batch"},
+                                 files={"file": ("in.jsonl", f)})
+        r = env.client.post("/v1/batches", headers=h,
+                            json={"input_file_id": up.json()["id"], "endpoint": "/v1/completions"})
+        assert r.json()["status"] == "validating", r.text
+        batch_id = r.json()["id"]
+        _wait(lambda: _progress(env.ctx, batch_id)[1] >= 500, timeout=60, what="expansion")
+        (child,) = worker.children()
+        os.kill(child, signal.SIGKILL)
+        status, lines_read, expanded = _progress(env.ctx, batch_id)
+        assert not expanded and lines_read < N_LINES, (status, lines_read)
+        _wait(lambda: _progress(env.ctx, batch_id)[2] == 1, timeout=60, what="redelivered task",
+              interval=0.1)
+        _finish_all(env.ctx, batch_id)
+        _assert_every_line_once(env, batch_id, lambda path: env.client.get(path, headers=h))
+    finally:
+        worker.stop()
+        for key in env.ctx.redis.scan_iter(match=f"*{s.prefix}*", count=1000):
+            env.ctx.redis.delete(key)
