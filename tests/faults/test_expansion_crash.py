@@ -164,7 +164,7 @@ def test_celery_child_killed_mid_expansion_task_is_redelivered(make_env, tmp_pat
             "INFLIGHT_PREFIX": s.prefix,
             "INFLIGHT_STORAGE_DIR": s.storage_dir,
             "INFLIGHT_EXPAND_CHUNK": "50",
-            "INFLIGHT_EXPAND_LEASE": "2",
+            "INFLIGHT_EXPAND_LEASE": "6",  # outlives the new child's start: exercises the retry
         },
         f"{s.prefix}:control",
         tmp_path / "celery.log",
