@@ -1,5 +1,9 @@
 """Maintenance thread: heartbeat, keep-alive of held entries, cancellation polling,
-stream trimming and the reconciler."""
+stream trimming and the reconciler.
+
+Cancels are polled twice: the Redis signal (fast, every ``cancel_poll_interval``) and the
+SQL record (every ``heartbeat_interval``), so a cancel whose signal Redis lost (a restart
+without persistence) is still carried out."""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from worker.service.config import WorkerConfig
 from worker.service.flags import Flags
 from worker.service.inflight import Registry
 from worker.service.naming import renew_name
+from worker.store.crud.jobs import cancel_requested_among
 from worker.store.crud.workers import heartbeat
 
 log = logging.getLogger(__name__)
@@ -73,6 +78,7 @@ class Maintenance:
         now = time.monotonic()
         due = {
             "beat": now,
+            "cancel_records": now + c.heartbeat_interval,
             "trim": now + c.trim_interval,
             "reconcile": now + min(c.reconcile_interval, 1.0),
         }
@@ -82,6 +88,9 @@ class Maintenance:
             if now >= due["beat"]:
                 due["beat"] = now + c.heartbeat_interval
                 self._guard("heartbeat", self.beat)
+            if now >= due["cancel_records"]:
+                due["cancel_records"] = now + c.heartbeat_interval
+                self._guard("cancel records", self._read_cancel_records)
             if now >= due["trim"]:
                 due["trim"] = now + c.trim_interval
                 self._guard("trim", lambda: trim_streams(redis_client=self.redis, keys=self.keys))
@@ -99,6 +108,15 @@ class Maintenance:
         ids = self.registry.job_ids()
         if ids:
             found = cancelled_among(redis_client=self.redis, keys=self.keys, job_ids=ids)
+            if found:
+                self.on_cancel(found)
+
+    def _read_cancel_records(self) -> None:
+        ids = self.registry.job_ids()
+        if ids:
+            with self.session_factory() as session:
+                found = cancel_requested_among(session=session, job_ids=ids)
+                session.rollback()
             if found:
                 self.on_cancel(found)
 

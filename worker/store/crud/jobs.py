@@ -104,16 +104,24 @@ def start_jobs(
 ) -> set[str]:
     """Mark these jobs running on ``worker_id`` (attempts + 1) and return the ids that may
     run: those still queued or running. Terminal and unknown ids are left out, so a
-    redelivered job that already ended is skipped."""
+    redelivered job that already ended is skipped. A job whose cancel was recorded while a
+    (since dead) worker ran it ends ``cancelled`` here instead: the durable cancel wins."""
     if not job_ids:
         return set()
+    now = now or utcnow()
+    ids = list(job_ids)
+    session.execute(
+        update(Job)
+        .where(Job.id.in_(ids), Job.status.in_(_OPEN), Job.cancel_requested_at.is_not(None))
+        .values(status=JobStatus.CANCELLED.value, finished_at=now, finish_reason="abort")
+    )
     stmt = (
         update(Job)
-        .where(Job.id.in_(list(job_ids)), Job.status.in_(_OPEN))
+        .where(Job.id.in_(ids), Job.status.in_(_OPEN))
         .values(
             status=JobStatus.RUNNING.value,
             worker_id=worker_id,
-            started_at=now or utcnow(),
+            started_at=now,
             attempts=Job.attempts + 1,
         )
         .returning(Job.id)
@@ -198,18 +206,42 @@ def requeue_jobs(*, session: Session, job_ids: Sequence[str], worker_id: str) ->
 
 
 def cancel_job(*, session: Session, job_id: str) -> str | None:
-    """Cancel a job: a queued one ends at once (returns ``cancelled``); a running one needs
-    the worker to abort it (returns ``running``: signal it through the queue); an ended one
+    """Cancel a job: a queued one ends at once (returns ``cancelled``); for a running one
+    the request is recorded (``cancel_requested_at``) and its worker must abort it (returns
+    ``running``: signal it through the queue, which only carries the signal); an ended one
     is left as is (returns its status). None if there is no such job."""
+    now = utcnow()
     res = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.QUEUED.value)
-        .values(status=JobStatus.CANCELLED.value, finished_at=utcnow(), finish_reason="abort")
+        .values(status=JobStatus.CANCELLED.value, finished_at=now, finish_reason="abort")
     )
     if res.rowcount:  # type: ignore[attr-defined]
         return JobStatus.CANCELLED.value
+    session.execute(
+        update(Job)
+        .where(
+            Job.id == job_id,
+            Job.status == JobStatus.RUNNING.value,
+            Job.cancel_requested_at.is_(None),
+        )
+        .values(cancel_requested_at=now)
+    )
     status = session.scalar(select(Job.status).where(Job.id == job_id))
     return status
+
+
+def cancel_requested_among(*, session: Session, job_ids: Sequence[str]) -> set[str]:
+    """Which of these jobs are still open with a recorded cancel request (what a worker
+    honours even when the Redis signal was lost)."""
+    if not job_ids:
+        return set()
+    stmt = select(Job.id).where(
+        Job.id.in_(list(job_ids)),
+        Job.status.in_(_OPEN),
+        Job.cancel_requested_at.is_not(None),
+    )
+    return set(session.scalars(stmt))
 
 
 def open_jobs(
