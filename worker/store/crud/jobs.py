@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, text, update
+from sqlalchemy import bindparam, case, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from worker.store.base import UTCDateTime, utcnow
@@ -189,8 +189,11 @@ def fail_job(*, session: Session, job_id: str, error: str) -> bool:
     return bool(res.rowcount)  # type: ignore[attr-defined]
 
 
-def requeue_jobs(*, session: Session, job_ids: Sequence[str], worker_id: str) -> int:
-    """Put jobs this worker started but will not finish back to queued."""
+def requeue_jobs(
+    *, session: Session, job_ids: Sequence[str], worker_id: str, uncount: bool = False
+) -> int:
+    """Put jobs this worker started but will not finish back to queued. With ``uncount``
+    their start is not counted as an attempt (the worker, not the job, was at fault)."""
     if not job_ids:
         return 0
     res = session.execute(
@@ -200,7 +203,11 @@ def requeue_jobs(*, session: Session, job_ids: Sequence[str], worker_id: str) ->
             Job.status == JobStatus.RUNNING.value,
             Job.worker_id == worker_id,
         )
-        .values(status=JobStatus.QUEUED.value, started_at=None)
+        .values(
+            status=JobStatus.QUEUED.value,
+            started_at=None,
+            **({"attempts": case((Job.attempts > 0, Job.attempts - 1), else_=0)} if uncount else {}),
+        )
     )
     return int(res.rowcount)  # type: ignore[attr-defined]
 
