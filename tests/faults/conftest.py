@@ -4,6 +4,12 @@ prefixes and app factory."""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
 from tests.api.conftest import api_db_url, make_env  # noqa: F401  (fixtures)
 from tests.service.conftest import (  # noqa: F401  (fixtures)
     keys,
@@ -14,3 +20,14 @@ from tests.service.conftest import (  # noqa: F401  (fixtures)
     redis_client,
     session_factory,
 )
+from tests.faults.processes import PrivateRedis
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A redis-server of this test's own (skipped when redis-server is not installed)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = PrivateRedis(tmp_path)
+    yield server
+    server.stop()

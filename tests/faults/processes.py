@@ -97,3 +97,38 @@ class CeleryWorker:
             self.proc.kill()
             self.proc.wait(10)
         self._log.close()
+
+
+class PrivateRedis:
+    """A redis-server of the test's own on a free port (no persistence), so a test can
+    pause, restart or shut it down without touching the shared one."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._workdir = workdir
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        """Start (again, after a shutdown) on the same port, with no data."""
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--save", "", "--appendonly", "no",
+             "--dir", str(self._workdir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("redis-server did not start")
+
+    def stop(self) -> None:
+        """Kill it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
