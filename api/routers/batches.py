@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
+from api.admission import admit_or_refuse
 from api.context import Context
 from api.control.celery_app import send
 from api.deps import CtxDep, TenantDep
@@ -55,6 +56,7 @@ def create(
 ) -> dict[str, Any]:
     """Create a batch from an uploaded JSONL file. Answers ``validating`` at once; its lines
     become jobs in the background (resumed after a crash by the control plane's beat)."""
+    admit_or_refuse(ctx, "batch")  # 429/503 before anything is written
     with ctx.session_factory.begin() as session:
         f = get_file(session=session, file_id=payload.input_file_id, tenant=tenant)
         if f is None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.api.conftest import api_db_url, make_env  # noqa: F401  (fixtures)
+from tests.faults.processes import PrivateRedis
 from tests.service.conftest import (  # noqa: F401  (fixtures)
     keys,
     migrated_pg,
@@ -20,7 +21,6 @@ from tests.service.conftest import (  # noqa: F401  (fixtures)
     redis_client,
     session_factory,
 )
-from tests.faults.processes import PrivateRedis
 
 
 @pytest.fixture

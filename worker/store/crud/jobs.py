@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, case, func, insert, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from worker.store.base import UTCDateTime, utcnow
@@ -24,10 +27,22 @@ def new_job_id() -> str:
     return "job_" + uuid.uuid4().hex
 
 
+def keyed_job_id(batch_id: str, key: str) -> str:
+    """A job id determined by (batch id, custom id): the same line enqueued twice under one
+    batch id maps to one job."""
+    return "job_" + hashlib.sha256(f"{batch_id}\0{key}".encode()).hexdigest()[:32]
+
+
 def create_jobs(
-    *, session: Session, jobs: Sequence[NewJob], now: datetime | None = None
+    *,
+    session: Session,
+    jobs: Sequence[NewJob],
+    now: datetime | None = None,
+    skip_existing: bool = False,
 ) -> list[str]:
-    """Insert queued jobs in one statement and return their ids (the caller commits)."""
+    """Insert queued jobs in one statement and return their ids (the caller commits). With
+    ``skip_existing`` an id already stored is left alone and only the ids inserted now are
+    returned (re-running an interrupted producer with deterministic ids)."""
     if not jobs:
         return []
     now = now or utcnow()
@@ -48,6 +63,12 @@ def create_jobs(
                 "attempts": 0,
             }
         )
+    if skip_existing:
+        ins = (
+            pg_insert(Job) if session.get_bind().dialect.name == "postgresql" else sqlite_insert(Job)
+        )
+        fresh = set(session.scalars(ins.values(rows).on_conflict_do_nothing().returning(Job.id)))
+        return [job.id for job in jobs if job.id in fresh]
     session.execute(insert(Job), rows)
     return [job.id for job in jobs]
 
