@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -132,3 +134,61 @@ class PrivateRedis:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+class StallingProxy:
+    """Forward 127.0.0.1:<port> to a target port; ``stall()`` stops every byte (connections
+    stay open, new ones are accepted but go nowhere), as a network partition does: a client
+    hangs in its query instead of failing fast. ``resume()`` lets everything through again."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.port = int(self._listener.getsockname()[1])
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        self.flowing.wait()
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+        except OSError:
+            client.close()
+            return
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                self.flowing.wait()  # stalled: hold the bytes until resumed
+                dst.sendall(data)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def stall(self) -> None:
+        """Stop forwarding."""
+        self.flowing.clear()
+
+    def resume(self) -> None:
+        """Forward again (held bytes go through)."""
+        self.flowing.set()
+
+    def close(self) -> None:
+        """Stop accepting."""
+        self.flowing.set()
+        with contextlib.suppress(OSError):
+            self._listener.close()

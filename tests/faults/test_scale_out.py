@@ -39,8 +39,8 @@ def test_three_workers_one_killed(migrated_pg, session_factory, redis_client, ke
     with psycopg.connect(migrated_pg, autocommit=True) as conn:
         conn.execute(AUDIT_SQL)
     ensure_groups(redis_client=redis_client, keys=keys)
-    ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys,
-                  jobs=prompt_jobs(N_JOBS, max_tokens=8))
+    enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys,
+            jobs=prompt_jobs(N_JOBS, max_tokens=8))
     log = tmp_path / "workers.log"
     workers = {
         name: start_worker(db_url=migrated_pg, redis_url=REDIS_URL, prefix=keys.prefix,

@@ -219,22 +219,30 @@ class Intake:
                     )
             self.dead_lettered += len(dead)
         live = [d for d in deliveries if id(d) not in dead_ids]
-        duplicates = [d for d in live if self.registry.get(d.job_id or "") is not None]
-        dup_ids = {id(d) for d in duplicates}
-        live = [d for d in live if id(d) not in dup_ids]
-        ids = list(dict.fromkeys(d.job_id for d in live if d.job_id))
+        # Held (so kept touched) before the SQL start: if the store hangs right there, no
+        # other worker takes these entries over while this one waits to run them.
+        skip: list[Delivery] = []
+        taken: list[HeldJob] = []
+        for d in live:
+            h = HeldJob(job_id=d.job_id or "", stream=d.stream, entry_id=d.entry_id, delivery=d)
+            if d.job_id and self.registry.add(h):
+                taken.append(h)
+            else:
+                skip.append(d)  # a duplicate delivery of a job held already
+        ids = [h.job_id for h in taken]
         allowed: set[str] = set()
         if ids:
-            allowed = retry(lambda: self._start(ids), what="mark running", stop=self.flags.draining)
-        skip = [d for d in live if d.job_id not in allowed] + duplicates
-        held: list[HeldJob] = []
-        for d in live:
-            if d.job_id in allowed:
-                h = HeldJob(job_id=d.job_id or "", stream=d.stream, entry_id=d.entry_id, delivery=d)
-                if self.registry.add(h):
-                    held.append(h)
-                else:
-                    skip.append(d)
+            try:
+                allowed = retry(
+                    lambda: self._start(ids), what="mark running", stop=self.flags.draining
+                )
+            except Exception:
+                self.registry.remove(ids)  # left pending in Redis: redelivered later
+                raise
+        held = [h for h in taken if h.job_id in allowed]
+        ended = [h for h in taken if h.job_id not in allowed]
+        self.registry.remove([h.job_id for h in ended])
+        skip += [h.delivery for h in ended]
         if skip:
             self.skipped += len(skip)
             self.writer.put(AckOnly([(d.stream, d.entry_id) for d in skip]))
