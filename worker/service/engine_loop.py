@@ -21,6 +21,7 @@ from worker.protocol.sampling_params import InvalidRequestError, SamplingParams
 from worker.service.config import WorkerConfig
 from worker.service.engine_health import EngineBroken, probe_engine
 from worker.service.flags import Flags
+from worker.service.inbox import Inbox
 from worker.service.inflight import HeldJob
 from worker.service.observe import JobObserver
 from worker.service.prepare import prepare
@@ -75,7 +76,7 @@ class EngineLoop:
         config: WorkerConfig,
         writer: OutputWriter,
         flags: Flags,
-        buffer: deque[HeldJob],
+        inbox: Inbox,
         work_ready: threading.Event,
         want_changed: threading.Event,
         worker_id: str,
@@ -86,7 +87,7 @@ class EngineLoop:
         self.config = config
         self.writer = writer
         self.flags = flags
-        self.buffer = buffer
+        self.inbox = inbox
         self.work_ready = work_ready
         self.want_changed = want_changed
         self.worker_id = worker_id
@@ -119,7 +120,7 @@ class EngineLoop:
         with self.lock:
             if self.isolate or self.isolated_active is not None:
                 return 0
-            return self._capacity + self.config.prefetch - len(self.buffer)
+            return self._capacity + self.config.prefetch - len(self.inbox)
 
     def add_isolated(self, held: list[HeldJob]) -> None:
         """Queue suspect jobs (redelivered after a crash) to run alone, one at a time."""
@@ -165,18 +166,17 @@ class EngineLoop:
                 else self.engine.admission_capacity()
             )
             self._capacity = cap
-            wanted = cap + self.config.prefetch - len(self.buffer)
+            wanted = cap + self.config.prefetch - len(self.inbox)
         # Wake the intake only when it has something to read: a wake-up on every step costs
         # the engine's matmuls a core's time slice on a small machine.
         if wanted > 0 and not self.isolate and self.isolated_active is None:
             self.want_changed.set()
 
     def _admit(self) -> None:
-        if not self.buffer:
+        if not len(self.inbox):
             return
         with self.lock:
-            n = min(self.engine.admission_capacity(), len(self.buffer))
-            taken = [self.buffer.popleft() for _ in range(n)]
+            taken = self.inbox.take(self.engine.admission_capacity())
             for held in taken:
                 self._add(held)
             # Not redundant with _publish_capacity: the step that runs before it can be
@@ -233,9 +233,7 @@ class EngineLoop:
             if not self._cancel_requests:
                 return
             ids, self._cancel_requests = self._cancel_requests, set()
-            waiting = [h for h in self.buffer if h.job_id in ids]
-            for h in waiting:
-                self.buffer.remove(h)
+            waiting = self.inbox.take_ids(ids)
         for h in waiting:
             result = JobResult(job_id=h.job_id, status="cancelled", finish_reason="abort")
             self.writer.put(Finished(result, h, self._timeline(h, result)))
@@ -343,8 +341,7 @@ class EngineLoop:
         for what it delivered meanwhile."""
         self.flags.request_drain()
         with self.lock:
-            left = [*(extra or []), *self.active.values(), *self.buffer, *self.isolate]
-            self.buffer.clear()
+            left = [*(extra or []), *self.active.values(), *self.inbox.take_all(), *self.isolate]
             self.isolate.clear()
             self.isolated_active = None
         for h in self.active.values():
@@ -361,8 +358,7 @@ class EngineLoop:
             log.info("draining: intake stopped, finishing %d running jobs", len(self.active))
             self.on_drain()
             with self.lock:
-                left = list(self.buffer) + list(self.isolate)
-                self.buffer.clear()
+                left = self.inbox.take_all() + list(self.isolate)
                 self.isolate.clear()
                 self.isolated_active = None
             if left:

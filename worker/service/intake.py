@@ -12,7 +12,6 @@ import functools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 import redis
@@ -25,6 +24,7 @@ from worker.queue.delivery import Delivery
 from worker.queue.keys import QueueKeys
 from worker.service.config import WorkerConfig
 from worker.service.flags import Flags
+from worker.service.inbox import Inbox
 from worker.service.inflight import HeldJob, Registry
 from worker.service.retry import retry
 from worker.service.writer import AckOnly, OutputWriter
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 class Intake:
     """The intake thread. The engine loop publishes how many jobs it wants through
-    ``want_fn``; intake appends HeldJobs to ``buffer`` and sets ``work_ready``."""
+    ``want_fn``; intake puts HeldJobs in the ``inbox`` and sets ``work_ready``."""
 
     def __init__(
         self,
@@ -49,7 +49,7 @@ class Intake:
         registry: Registry,
         writer: OutputWriter,
         flags: Flags,
-        buffer: deque[HeldJob],
+        inbox: Inbox,
         want_fn: Callable[[], int],
         work_ready: threading.Event,
         want_changed: threading.Event,
@@ -65,7 +65,7 @@ class Intake:
         self.registry = registry
         self.writer = writer
         self.flags = flags
-        self.buffer = buffer
+        self.inbox = inbox
         self.want_fn = want_fn
         self.work_ready = work_ready
         self.want_changed = want_changed
@@ -247,7 +247,7 @@ class Intake:
             self.skipped += len(skip)
             self.writer.put(AckOnly([(d.stream, d.entry_id) for d in skip]))
         if held:
-            (self.isolate_fn if isolated else self.buffer.extend)(held)
+            (self.isolate_fn if isolated else self.inbox.put)(held)
             self.work_ready.set()
 
     def _start(self, ids: list[str]) -> set[str]:

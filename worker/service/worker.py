@@ -8,7 +8,6 @@ import socket
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +18,8 @@ from worker.service.config import WorkerConfig
 from worker.service.engine_health import EngineBroken
 from worker.service.engine_loop import EngineAPI, EngineLoop
 from worker.service.flags import Flags
-from worker.service.inflight import HeldJob, Registry
+from worker.service.inbox import Inbox
+from worker.service.inflight import Registry
 from worker.service.intake import Intake
 from worker.service.maintenance import Maintenance
 from worker.service.naming import acquire_name, release_name
@@ -108,7 +108,7 @@ class Worker:
         ensure_groups(redis_client=redis_client, keys=keys)
 
         registry = Registry()
-        buffer: deque[HeldJob] = deque()
+        inbox = Inbox()
         work_ready, want_changed = threading.Event(), threading.Event()
         observer = JobObserver(worker_id, redis_client=redis_client, keys=keys)
         writer = OutputWriter(
@@ -129,7 +129,7 @@ class Worker:
             config=c,
             writer=writer,
             flags=self.flags,
-            buffer=buffer,
+            inbox=inbox,
             work_ready=work_ready,
             want_changed=want_changed,
             worker_id=worker_id,
@@ -148,7 +148,7 @@ class Worker:
             registry=registry,
             writer=writer,
             flags=self.flags,
-            buffer=buffer,
+            inbox=inbox,
             want_fn=loop.want,
             work_ready=work_ready,
             want_changed=want_changed,
