@@ -24,6 +24,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def terminate(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 30 s; no-op when it already exited."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 class ApiProcess:
     """``inflight api`` in a child process, configured through the environment."""
 
@@ -60,13 +72,7 @@ class ApiProcess:
 
     def stop(self) -> None:
         """Terminate (if still running) and close the log."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        terminate(self.proc)
         self._log.close()
 
 
@@ -91,13 +97,8 @@ class CeleryWorker:
         return [int(x) for x in path.read_text().split()] if path.exists() else []
 
     def stop(self) -> None:
-        """Terminate and close the log."""
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        """Terminate (if still running) and close the log."""
+        terminate(self.proc)
         self._log.close()
 
 

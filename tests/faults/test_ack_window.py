@@ -7,14 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+import tests.service.test_worker_failures as wf
 from tests.service.helpers import prompt_jobs, start_worker, wait_for
-from tests.service.test_worker_failures import (
-    AUDIT_SQL,
-    _assert_each_result_written_once,
-    _counts,
-    _done,
-    _stop,
-)
 from worker.queue.connection import make_redis
 from worker.queue.group import ensure_groups
 from worker.queue.producer import enqueue
@@ -32,7 +26,7 @@ def test_kill_between_commit_and_ack(
     import psycopg
 
     with psycopg.connect(migrated_pg, autocommit=True) as conn:
-        conn.execute(AUDIT_SQL)
+        conn.execute(wf.AUDIT_SQL)
     r = make_redis(url=private_redis.url)
     ensure_groups(redis_client=r, keys=keys)
     ids = enqueue(session_factory=session_factory, redis_client=r, keys=keys,
@@ -41,11 +35,11 @@ def test_kill_between_commit_and_ack(
     a = start_worker(db_url=migrated_pg, redis_url=private_redis.url, prefix=keys.prefix,
                      name="a", log_path=log, extra=FLAGS)
     try:
-        wait_for(lambda: _counts(session_factory).get("succeeded", 0) >= 4, timeout=300,
+        wait_for(lambda: wf._counts(session_factory).get("succeeded", 0) >= 4, timeout=300,
                  what="first results", interval=0.05)
         r.execute_command("CLIENT", "PAUSE", 30_000, "WRITE")
-        before = _counts(session_factory).get("succeeded", 0)
-        wait_for(lambda: _counts(session_factory).get("succeeded", 0) > before, timeout=25,
+        before = wf._counts(session_factory).get("succeeded", 0)
+        wait_for(lambda: wf._counts(session_factory).get("succeeded", 0) > before, timeout=25,
                  what="a commit whose ack is blocked", interval=0.05)
         a.kill()  # SIGKILL while the XACK waits on the paused Redis
         a.wait(10)
@@ -62,17 +56,17 @@ def test_kill_between_commit_and_ack(
     window = [entry_job[p["message_id"]] for p in pending if st[entry_job[p["message_id"]]]
               == "succeeded"]
     assert window, "no result was committed and left unacked: the window was not hit"
-    assert _counts(session_factory).get("succeeded", 0) < N_JOBS
+    assert wf._counts(session_factory).get("succeeded", 0) < N_JOBS
     b = start_worker(db_url=migrated_pg, redis_url=private_redis.url, prefix=keys.prefix,
                      name="b", log_path=log, extra=FLAGS)
     try:
-        wait_for(lambda: _done(session_factory, N_JOBS), timeout=300, what="all jobs to end")
-        assert _counts(session_factory) == {"succeeded": N_JOBS}
+        wait_for(lambda: wf._done(session_factory, N_JOBS), timeout=300, what="all jobs to end")
+        assert wf._counts(session_factory) == {"succeeded": N_JOBS}
         wait_for(lambda: r.xpending(keys.stream("batch"), keys.group)["pending"] == 0,
                  timeout=30, what="every entry to be acked")
     finally:
-        assert _stop(b) == 0
-    _assert_each_result_written_once(migrated_pg, N_JOBS)
+        assert wf._stop(b) == 0
+    wf._assert_each_result_written_once(migrated_pg, N_JOBS)
     with psycopg.connect(migrated_pg) as conn:
         rows = conn.execute("SELECT id, attempts, worker_id FROM jobs WHERE id = ANY(%s)",
                             (window,)).fetchall()

@@ -6,15 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+import tests.service.test_worker_failures as wf
 from tests.service.conftest import REDIS_URL
 from tests.service.helpers import prompt_jobs, start_worker, wait_for
-from tests.service.test_worker_failures import (
-    AUDIT_SQL,
-    _assert_each_result_written_once,
-    _counts,
-    _done,
-    _stop,
-)
 from worker.queue.group import ensure_groups
 from worker.queue.producer import enqueue
 from worker.store.crud.jobs import list_jobs
@@ -30,7 +24,7 @@ def test_broken_engine_hands_jobs_back_and_exits(
     import psycopg
 
     with psycopg.connect(migrated_pg, autocommit=True) as conn:
-        conn.execute(AUDIT_SQL)
+        conn.execute(wf.AUDIT_SQL)
     ensure_groups(redis_client=redis_client, keys=keys)
     ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys,
                   jobs=prompt_jobs(N_JOBS))
@@ -47,7 +41,7 @@ def test_broken_engine_hands_jobs_back_and_exits(
         if a.poll() is None:
             a.kill()
     assert code == 3, log.read_text()[-3000:]
-    counts = _counts(session_factory)
+    counts = wf._counts(session_factory)
     assert counts.get("failed", 0) == 0 and counts.get("running", 0) == 0, counts
     assert counts.get("queued", 0) > 0, "worker a finished everything before its engine broke"
     assert "handed" in log.read_text()
@@ -56,12 +50,12 @@ def test_broken_engine_hands_jobs_back_and_exits(
     try:
         wait_for(lambda: "(consumer b) starting" in log.read_text(), timeout=300,
                  what="worker b to start")
-        wait_for(lambda: _done(session_factory, len(ids)), timeout=150, what="all jobs to end")
-        assert _counts(session_factory) == {"succeeded": N_JOBS}
+        wait_for(lambda: wf._done(session_factory, len(ids)), timeout=150, what="all jobs to end")
+        assert wf._counts(session_factory) == {"succeeded": N_JOBS}
         wait_for(lambda: redis_client.xpending(keys.stream("batch"), keys.group)["pending"] == 0,
                  timeout=20, what="every entry to be acked")
     finally:
-        assert _stop(b) == 0
-    _assert_each_result_written_once(migrated_pg, N_JOBS)
+        assert wf._stop(b) == 0
+    wf._assert_each_result_written_once(migrated_pg, N_JOBS)
     with session_factory() as s:
         assert all(j.attempts == 1 for j in list_jobs(session=s, limit=1000))

@@ -12,16 +12,10 @@ import time
 
 import pytest
 
+import tests.service.test_worker_failures as wf
 from tests.faults.processes import StallingProxy
 from tests.service.conftest import REDIS_URL
 from tests.service.helpers import prompt_jobs, start_worker, wait_for
-from tests.service.test_worker_failures import (
-    AUDIT_SQL,
-    _assert_each_result_written_once,
-    _counts,
-    _done,
-    _stop,
-)
 from worker.queue.group import ensure_groups
 from worker.queue.producer import enqueue
 
@@ -38,7 +32,7 @@ def test_postgres_stalled_for_one_worker_no_takeover(
     import psycopg
 
     with psycopg.connect(migrated_pg, autocommit=True) as conn:
-        conn.execute(AUDIT_SQL)
+        conn.execute(wf.AUDIT_SQL)
     ensure_groups(redis_client=redis_client, keys=keys)
     proxy = StallingProxy(5432)
     via_proxy = migrated_pg.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
@@ -53,7 +47,7 @@ def test_postgres_stalled_for_one_worker_no_takeover(
                  what="both workers to start")
         enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys,
                 jobs=prompt_jobs(N_JOBS, max_tokens=24))
-        wait_for(lambda: _counts(session_factory).get("succeeded", 0) >= 8, timeout=300,
+        wait_for(lambda: wf._counts(session_factory).get("succeeded", 0) >= 8, timeout=300,
                  what="first results")
         proxy.stall()
         stalled_at = time.monotonic()
@@ -64,14 +58,14 @@ def test_postgres_stalled_for_one_worker_no_takeover(
         time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - stalled_at)))
         assert a.poll() is None, "worker a died during the outage"
         proxy.resume()
-        wait_for(lambda: _done(session_factory, N_JOBS), timeout=300, what="all jobs to end")
-        assert _counts(session_factory) == {"succeeded": N_JOBS}
+        wait_for(lambda: wf._done(session_factory, N_JOBS), timeout=300, what="all jobs to end")
+        assert wf._counts(session_factory) == {"succeeded": N_JOBS}
     finally:
         proxy.resume()
         for w in (a, b):
-            assert _stop(w) == 0
+            assert wf._stop(w) == 0
         proxy.close()
-    _assert_each_result_written_once(migrated_pg, N_JOBS)
+    wf._assert_each_result_written_once(migrated_pg, N_JOBS)
     with psycopg.connect(migrated_pg) as conn:
         twice = conn.execute("SELECT id, attempts FROM jobs WHERE attempts <> 1").fetchall()
     assert not twice, f"jobs run more than once: {twice}"

@@ -9,15 +9,9 @@ from collections import Counter
 
 import pytest
 
+import tests.service.test_worker_failures as wf
 from tests.service.conftest import REDIS_URL
 from tests.service.helpers import prompt_jobs, start_worker, wait_for
-from tests.service.test_worker_failures import (
-    AUDIT_SQL,
-    _assert_each_result_written_once,
-    _counts,
-    _done,
-    _stop,
-)
 from worker.queue.group import ensure_groups
 from worker.queue.producer import enqueue
 
@@ -37,7 +31,7 @@ def test_three_workers_one_killed(migrated_pg, session_factory, redis_client, ke
     import psycopg
 
     with psycopg.connect(migrated_pg, autocommit=True) as conn:
-        conn.execute(AUDIT_SQL)
+        conn.execute(wf.AUDIT_SQL)
     ensure_groups(redis_client=redis_client, keys=keys)
     enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys,
             jobs=prompt_jobs(N_JOBS, max_tokens=8))
@@ -51,26 +45,26 @@ def test_three_workers_one_killed(migrated_pg, session_factory, redis_client, ke
     try:
         wait_for(lambda: all(f"(consumer {n}) starting" in log.read_text() for n in workers),
                  timeout=300, what="three workers to start")
-        wait_for(lambda: _counts(session_factory).get("succeeded", 0) >= 30, timeout=300,
+        wait_for(lambda: wf._counts(session_factory).get("succeeded", 0) >= 30, timeout=300,
                  what="30 results")
         workers["a"].kill()  # SIGKILL: its held entries stay pending until taken over
         workers["a"].wait(10)
-        assert _counts(session_factory).get("succeeded", 0) < N_JOBS, "done before the kill"
+        assert wf._counts(session_factory).get("succeeded", 0) < N_JOBS, "done before the kill"
         deadline = time.monotonic() + 300
-        while not _done(session_factory, N_JOBS):
+        while not wf._done(session_factory, N_JOBS):
             assert time.monotonic() < deadline, "jobs left after the kill"
             held = _pending_per_consumer(redis_client, keys)
             most_held = max([most_held, *(n for c, n in held.items() if c != "a")])
             time.sleep(0.1)
-        assert _counts(session_factory) == {"succeeded": N_JOBS}
+        assert wf._counts(session_factory) == {"succeeded": N_JOBS}
         wait_for(lambda: redis_client.xpending(keys.stream("batch"), keys.group)["pending"] == 0,
                  timeout=30, what="every entry to be acked")
     finally:
         for name, proc in workers.items():
             if name == "a" or proc.poll() is not None:
                 continue
-            assert _stop(proc) == 0
-    _assert_each_result_written_once(migrated_pg, N_JOBS)
+            assert wf._stop(proc) == 0
+    wf._assert_each_result_written_once(migrated_pg, N_JOBS)
     with psycopg.connect(migrated_pg) as conn:
         by_worker = Counter(
             w.split("-")[0] for (w,) in conn.execute("SELECT worker_id FROM jobs").fetchall()

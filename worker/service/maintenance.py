@@ -1,10 +1,12 @@
-"""Maintenance: two threads, so that a slow or unreachable PostgreSQL never stops the
+"""Maintenance: three threads, so that a slow or unreachable PostgreSQL never stops the
 keep-alive of the entries this worker holds (other workers would take them over and run
 them a second time).
 
 - keep-alive (Redis only): touch held entries and renew the consumer-name lock every
   ``heartbeat_interval``, poll the cancel signals, trim the streams;
-- upkeep (SQL): the worker heartbeat row, the recorded cancels, the reconciler.
+- upkeep (SQL): the worker heartbeat row and the recorded cancels;
+- reconciler: its own thread, so a long reconcile never delays the heartbeat (a worker
+  whose heartbeat lapses looks dead, and its running jobs would be re-published).
 
 Cancels are read twice: the Redis signal (fast, every ``cancel_poll_interval``) and the SQL
 record (every ``heartbeat_interval``), so a cancel whose signal Redis lost (a restart
@@ -37,8 +39,8 @@ log = logging.getLogger(__name__)
 
 
 class Maintenance:
-    """Periodic chores on two threads, each chore guarded so one failing never stops the
-    others."""
+    """Periodic chores on three threads, each chore guarded so one failing never stops
+    the others."""
 
     def __init__(
         self,
@@ -71,15 +73,16 @@ class Maintenance:
         self._threads = [
             threading.Thread(target=self._run_keepalive, name="keepalive", daemon=True),
             threading.Thread(target=self._run_upkeep, name="upkeep", daemon=True),
+            threading.Thread(target=self._run_reconciler, name="reconciler", daemon=True),
         ]
 
     def start(self) -> None:
-        """Start both threads."""
+        """Start the threads."""
         for t in self._threads:
             t.start()
 
     def close(self) -> None:
-        """Stop both threads."""
+        """Stop the threads."""
         self.stop.set()
         for t in self._threads:
             t.join(5)
@@ -102,12 +105,15 @@ class Maintenance:
                 self._guard("trim", lambda: trim_streams(redis_client=self.redis, keys=self.keys))
 
     def _run_upkeep(self) -> None:
-        c = self.config
         self._guard("heartbeat", self.heartbeat)
-        due = time.monotonic() + min(c.reconcile_interval, 1.0)
-        for now in self._ticks(c.heartbeat_interval):
+        for _ in self._ticks(self.config.heartbeat_interval):
             self._guard("heartbeat", self.heartbeat)
             self._guard("cancel records", self._read_cancel_records)
+
+    def _run_reconciler(self) -> None:
+        c = self.config
+        due = time.monotonic() + min(c.reconcile_interval, 1.0)
+        for now in self._ticks(min(c.reconcile_interval, 1.0)):
             if now >= due and not self.flags.draining.is_set():
                 due = now + c.reconcile_interval
                 self._guard("reconcile", self._reconcile)

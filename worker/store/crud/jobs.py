@@ -272,16 +272,25 @@ def cancel_requested_among(*, session: Session, job_ids: Sequence[str]) -> set[s
     return set(session.scalars(stmt))
 
 
-def open_jobs(
+def open_job_heads(
     *, session: Session, queued_before: datetime, limit: int = 10_000, after_id: str = ""
-) -> list[Job]:
-    """Queued or running jobs queued before ``queued_before``, by id (for the reconciler)."""
+) -> list[tuple[str, str, str | None]]:
+    """(id, status, worker_id) of queued or running jobs queued before ``queued_before``, by
+    id: what the reconciler needs to pick candidates, without loading request bodies."""
     stmt = (
-        select(Job)
+        select(Job.id, Job.status, Job.worker_id)
         .where(Job.status.in_(_OPEN), Job.queued_at < queued_before, Job.id > after_id)
         .order_by(Job.id)
         .limit(limit)
     )
+    return [(i, st, w) for i, st, w in session.execute(stmt)]
+
+
+def open_jobs_with_ids(*, session: Session, job_ids: Sequence[str]) -> list[Job]:
+    """The full rows of those of these jobs that are still queued or running."""
+    if not job_ids:
+        return []
+    stmt = select(Job).where(Job.id.in_(list(job_ids)), Job.status.in_(_OPEN)).order_by(Job.id)
     return list(session.scalars(stmt))
 
 
