@@ -1,5 +1,5 @@
 # The two set-up commands of the README: `make demo` and `make test`.
-.PHONY: setup demo test lint
+.PHONY: setup demo test lint faults
 
 setup:
 	bash scripts/setup.sh
@@ -22,3 +22,8 @@ lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/mypy
 	.venv/bin/lint-imports
+
+# The fault suite alone, with each scenario's wall time (the figures of docs/reliability.md).
+faults: setup
+	bash scripts/services.sh
+	.venv/bin/python -m pytest tests/faults -q -p no:cacheprovider --durations=0

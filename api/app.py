@@ -19,13 +19,14 @@ from api.tracing import TracingMiddleware
 def create_app(settings: Settings | None = None, *, ctx: Context | None = None) -> FastAPI:
     """Build the API app. Pools are created here but connect on first use; in eager mode
     the in-process beat starts with the app's lifespan and stops with it."""
-    from api.control.celery_app import EmbeddedBeat, make_celery
+    from api.control.celery_app import Dispatcher, EmbeddedBeat, make_celery
     from api.routers import batches, files, health, jobs, workers
 
     settings = settings or (ctx.settings if ctx else Settings.from_env())
     context = ctx or make_context(settings)
     celery = make_celery(settings, lambda: context)
     beat = EmbeddedBeat(celery, interval=settings.beat_interval) if settings.celery_eager else None
+    dispatcher = Dispatcher(celery)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -36,6 +37,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
         finally:
             if beat is not None:
                 beat.stop()
+            dispatcher.close()
             if ctx is None:
                 context.close()
 
@@ -49,6 +51,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     app.state.settings = settings
     app.state.celery = celery
     app.state.beat = beat
+    app.state.dispatcher = dispatcher
     app.state.key_cache = KeyCache(settings.auth_cache_ttl)
     app.state.http_metrics = HttpMetrics()
     install_error_handlers(app)

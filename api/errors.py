@@ -28,6 +28,7 @@ class ApiError(Exception):
         code: str | None = None,
         param: str | None = None,
         type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -35,6 +36,7 @@ class ApiError(Exception):
         self.code = code
         self.param = param
         self.type = type or _type_for(status)
+        self.headers = headers
 
 
 def _type_for(status: int) -> str:
@@ -85,7 +87,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return error_response(
-            exc.status, exc.message, code=exc.code, param=exc.param, type=exc.type
+            exc.status,
+            exc.message,
+            code=exc.code,
+            param=exc.param,
+            type=exc.type,
+            headers=exc.headers,
         )
 
     @app.exception_handler(InvalidRequestError)

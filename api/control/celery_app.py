@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
 
 from api.context import Context
 from api.settings import Settings
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 BEAT_SCHEDULE: dict[str, float] = {
     "inflight.finalize_ready_batches": 5.0,
     "inflight.deliver_webhooks": 2.0,
+    "inflight.resume_expansions": 5.0,
     "inflight.reconcile_jobs": 30.0,
     "inflight.expire_batches": 60.0,
     "inflight.prune_iterations": 3600.0,
@@ -53,12 +55,37 @@ def make_celery(settings: Settings, get_ctx: Callable[[], Context]) -> Celery:
 def _register(app: Celery, get_ctx: Callable[[], Context]) -> None:
     from api.control import expand, finalize, maintenance, webhooks
 
-    @app.task(name="inflight.expand_batch", shared=False)
-    def expand_batch(batch_id: str) -> str:
-        status = expand.expand_batch(get_ctx(), batch_id=batch_id)
+    # acks_late + reject_on_worker_lost: a Celery child killed mid-expansion puts the task
+    # back on the broker; any exception retries with backoff. Both resume after the last
+    # committed chunk (and resume_expansions catches whatever still slips through).
+    # A redelivered task that finds the dead child's lease still running retries once the
+    # lease can have expired (eager mode leaves that to the beat's resume_expansions).
+    @app.task(
+        name="inflight.expand_batch",
+        shared=False,
+        bind=True,
+        acks_late=True,
+        reject_on_worker_lost=True,
+        autoretry_for=(Exception,),
+        retry_backoff=True,
+        retry_backoff_max=60,
+        max_retries=8,
+    )
+    def expand_batch(self: Task, batch_id: str) -> str:
+        ctx = get_ctx()
+        status = expand.expand_batch(ctx, batch_id=batch_id)
+        if status == "busy" and not app.conf.task_always_eager:
+            raise self.retry(countdown=ctx.settings.expand_lease, max_retries=None)
         if status == "in_progress":
-            finalize.finalize_batch(get_ctx(), batch_id=batch_id)
+            finalize.finalize_batch(ctx, batch_id=batch_id)
         return status
+
+    @app.task(name="inflight.resume_expansions", shared=False)
+    def resume_expansions() -> list[str]:
+        ids = maintenance.stalled_expansion_ids(get_ctx())
+        for batch_id in ids:
+            send(app, "inflight.expand_batch", batch_id)
+        return ids
 
     @app.task(name="inflight.finalize_batch", shared=False)
     def finalize_batch(batch_id: str) -> str:
@@ -100,6 +127,37 @@ def send(app: Celery, name: str, *args: Any) -> None:
             log.error("task %s%r failed: %s", name, args, result.result)
     else:
         task.delay(*args)
+
+
+class Dispatcher:
+    """Sends control-plane tasks without making the caller wait: to the broker, or in eager
+    mode to a small thread pool of this process (so ``POST /v1/batches`` answers at once)."""
+
+    def __init__(self, app: Celery, *, threads: int = 2) -> None:
+        self.app = app
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: set[Future[None]] = set()
+        if app.conf.task_always_eager:
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="inflight-control")
+
+    def submit(self, name: str, *args: Any) -> None:
+        """Run task ``name`` in the background."""
+        if self._pool is None:
+            send(self.app, name, *args)
+        else:
+            future = self._pool.submit(send, self.app, name, *args)
+            self._pending.add(future)
+            future.add_done_callback(self._pending.discard)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until every submitted task ended (eager mode); whether they all did."""
+        _, not_done = wait(list(self._pending), timeout=timeout)
+        return not not_done
+
+    def close(self) -> None:
+        """Wait for running tasks; drop queued ones (the beat resumes what they would do)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 class EmbeddedBeat:

@@ -1,10 +1,20 @@
 """Expand a batch: stream its input file, validate each line, insert job rows and XADD
-them in chunks. Invalid lines go to the error file; progress shows in request_counts."""
+them in chunks. Invalid lines go to the error file; progress shows in request_counts.
+
+Crash-safe: each chunk's job rows, the line offset after it and the renewed expansion lease
+commit in one transaction, so a killed expansion leaves a prefix of the file expanded and an
+expiring lease; the control plane's ``resume_expansions`` picks it up after the lease expired
+(job ids are deterministic per line, so a replayed line cannot make a second job)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import socket
+import uuid
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import redis
 from sqlalchemy import select
@@ -17,8 +27,15 @@ from api.limits import check_request_limits
 from worker.protocol.openai_batch import RequestParseError, format_error_line, parse_request_line
 from worker.queue.message import JobMessage
 from worker.queue.producer import publish
+from worker.store.base import utcnow
 from worker.store.crud.batch_admin import cancel_queued_jobs, get_progress, set_batch_status
 from worker.store.crud.batches import get_batch
+from worker.store.crud.expansion import (
+    EXPANDABLE,
+    claim_expansion,
+    holds_lease,
+    release_expansion,
+)
 from worker.store.crud.files import get_file
 from worker.store.crud.jobs import create_jobs
 from worker.store.models import Batch, Job
@@ -35,68 +52,88 @@ class _Chunk:
 
 
 def expand_batch(ctx: Context, *, batch_id: str) -> str:
-    """Expand (or resume expanding) a batch; returns its status afterwards."""
-    with ctx.session_factory() as session:
+    """Expand (or resume expanding) a batch under its expansion lease; returns its status
+    afterwards, or ``busy`` when a live expansion elsewhere holds the lease. Safe to run
+    again at any point: it starts after the last committed chunk."""
+    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    with ctx.session_factory.begin() as session:
+        claim = claim_expansion(
+            session=session,
+            batch_id=batch_id,
+            owner=owner,
+            ttl=timedelta(seconds=ctx.settings.expand_lease),
+        )
+        if claim != "claimed":
+            batch = get_batch(session=session, batch_id=batch_id)
+            return claim if claim in ("busy", "missing") or batch is None else batch.status
         batch = get_batch(session=session, batch_id=batch_id)
-        if batch is None:
-            return "missing"
-        if batch.status not in ("validating", "in_progress"):
-            return batch.status
-        progress = get_progress(session=session, batch_id=batch_id)
-        if progress.expanded:
-            return batch.status
-        start_after = progress.lines_read
+        assert batch is not None
+        start_after = get_progress(session=session, batch_id=batch_id).lines_read
         f = get_file(session=session, file_id=batch.input_file_id or "", tenant=batch.tenant)
         seen_ids = set(session.scalars(select(Job.custom_id).where(Job.batch_id == batch_id)))
-        endpoint, tenant = batch.endpoint, batch.tenant
-        session.commit()
-    if f is None:
-        _fail(ctx, batch_id, "input_file_missing", "the input file no longer exists")
-        return "failed"
-    chunk = _Chunk()
-    line_no = 0
-    with open(f.path, "rb") as src:
-        for raw in src:
-            line_no += 1
-            if line_no <= start_after:
-                continue
-            if not raw.strip():
-                chunk.last_line = line_no
-                continue
-            if line_no > ctx.settings.max_batch_lines:
-                _fail(
-                    ctx,
-                    batch_id,
-                    "too_many_lines",
-                    f"the file has more than {ctx.settings.max_batch_lines} requests",
-                )
-                return "failed"
-            _take_line(
-                ctx,
-                chunk,
-                raw,
-                line_no,
-                batch_id=batch_id,
-                endpoint=endpoint,
-                tenant=tenant,
-                seen_ids=seen_ids,
-            )
-            if len(chunk.jobs) + len(chunk.errors) >= ctx.settings.expand_chunk:
-                if not _commit_chunk(ctx, batch_id, chunk):
-                    return "cancelling"
-                chunk = _Chunk()
-    chunk.last_line = max(chunk.last_line, line_no)
-    if not _commit_chunk(ctx, batch_id, chunk, final=True):
-        return "cancelling"
-    with ctx.session_factory() as session:
-        batch = get_batch(session=session, batch_id=batch_id)
-        empty = batch is not None and not batch.request_total
-    if empty:
-        _fail(ctx, batch_id, "empty_file", "the input file has no requests")
-        return "failed"
+        reader = _Reader(ctx, batch_id, owner, batch.endpoint, batch.tenant, seen_ids)
+    try:
+        if f is None:
+            _fail(ctx, batch_id, "input_file_missing", "the input file no longer exists")
+        else:
+            reader.read(f.path, start_after)
+    finally:
+        with contextlib.suppress(Exception), ctx.session_factory.begin() as session:
+            release_expansion(session=session, batch_id=batch_id, owner=owner)
     with ctx.session_factory() as session:
         batch = get_batch(session=session, batch_id=batch_id)
         return batch.status if batch else "missing"
+
+
+@dataclass
+class _Reader:
+    """One expansion run: reads the file from a line on, commits chunk after chunk."""
+
+    ctx: Context
+    batch_id: str
+    owner: str
+    endpoint: str
+    tenant: str
+    seen_ids: set[str | None]
+
+    def read(self, path: str, start_after: int) -> None:
+        """Read every line after ``start_after``; stop early when the batch failed, was
+        cancelled or another expansion took the lease over."""
+        settings = self.ctx.settings
+        chunk = _Chunk()
+        line_no = 0
+        with open(path, "rb") as src:
+            for raw in src:
+                line_no += 1
+                if line_no <= start_after:
+                    continue
+                if not raw.strip():
+                    chunk.last_line = line_no
+                    continue
+                if line_no > settings.max_batch_lines:
+                    _fail(
+                        self.ctx,
+                        self.batch_id,
+                        "too_many_lines",
+                        f"the file has more than {settings.max_batch_lines} requests",
+                    )
+                    return
+                _take_line(
+                    self.ctx,
+                    chunk,
+                    raw,
+                    line_no,
+                    batch_id=self.batch_id,
+                    endpoint=self.endpoint,
+                    tenant=self.tenant,
+                    seen_ids=self.seen_ids,
+                )
+                if len(chunk.jobs) + len(chunk.errors) >= settings.expand_chunk:
+                    if not _commit_chunk(self.ctx, self.batch_id, chunk, owner=self.owner):
+                        return
+                    chunk = _Chunk()
+        chunk.last_line = max(chunk.last_line, line_no)
+        _commit_chunk(self.ctx, self.batch_id, chunk, owner=self.owner, final=True)
 
 
 def _take_line(
@@ -186,21 +223,34 @@ def _take_line(
     )
 
 
-def _commit_chunk(ctx: Context, batch_id: str, chunk: _Chunk, *, final: bool = False) -> bool:
-    """Insert the chunk's jobs and progress in one transaction, then publish. False when
-    the batch is no longer expandable (cancelled meanwhile)."""
-    append_errors(ctx, batch_id, chunk.errors)
+def _commit_chunk(
+    ctx: Context, batch_id: str, chunk: _Chunk, *, owner: str, final: bool = False
+) -> bool:
+    """Insert the chunk's jobs, advance ``lines_read`` past it and renew the lease in one
+    transaction, then publish. False when the batch is no longer expandable (cancelled
+    meanwhile) or the lease was lost (another expansion took over after it expired)."""
+    append_errors(ctx, batch_id, chunk.errors)  # keyed by line: a replayed chunk overwrites
     with ctx.session_factory.begin() as session:
         # row lock: a concurrent cancel either lands before this chunk (which then stops)
         # or after it (and then sees, and cancels, this chunk's jobs)
         batch = session.get(Batch, batch_id, with_for_update=True)
-        if batch is None or batch.status not in ("validating", "in_progress"):
+        if batch is None or batch.status not in EXPANDABLE:
+            return False
+        progress = get_progress(session=session, batch_id=batch_id)
+        if not holds_lease(progress=progress, owner=owner):
+            log.warning(
+                "batch %s: expansion lease lost to %s; stopping", batch_id, progress.lease_owner
+            )
             return False
         create_jobs(session=session, jobs=chunk.jobs)
-        progress = get_progress(session=session, batch_id=batch_id)
         progress.lines_read = max(progress.lines_read, chunk.last_line)
         progress.invalid_lines += len(chunk.errors)
+        progress.lease_until = utcnow() + timedelta(seconds=ctx.settings.expand_lease)
         batch.request_total = (batch.request_total or 0) + len(chunk.jobs) + len(chunk.errors)
+        if final and not batch.request_total:
+            batch.errors = [_error("empty_file", "the input file has no requests")]
+            set_batch_status(session=session, batch_id=batch_id, status="failed")
+            return False
         if final:
             progress.expanded = 1
         if batch.status == "validating":
@@ -224,6 +274,10 @@ def _fail(ctx: Context, batch_id: str, code: str, message: str) -> None:
     with ctx.session_factory.begin() as session:
         batch = get_batch(session=session, batch_id=batch_id)
         if batch is not None:
-            batch.errors = [{"code": code, "message": message, "param": None, "line": None}]
+            batch.errors = [_error(code, message)]
             set_batch_status(session=session, batch_id=batch_id, status="failed")
             cancel_queued_jobs(session=session, batch_id=batch_id)
+
+
+def _error(code: str, message: str) -> dict[str, object]:
+    return {"code": code, "message": message, "param": None, "line": None}

@@ -17,6 +17,7 @@ from worker.store.crud.batch_admin import (
     running_job_ids,
     set_batch_status,
 )
+from worker.store.crud.expansion import stalled_expansions
 from worker.store.crud.retention import prune_iterations
 
 
@@ -31,6 +32,13 @@ def reconcile_jobs(ctx: Context) -> int:
             worker_timeout=timedelta(seconds=ctx.settings.worker_timeout),
         )
     )
+
+
+def stalled_expansion_ids(ctx: Context) -> list[str]:
+    """Batches with unread lines and no live expansion (never started, or its process
+    died and its lease expired): each needs an ``expand_batch`` to resume it."""
+    with ctx.session_factory() as session:
+        return stalled_expansions(session=session)
 
 
 def finalize_ready_batches(ctx: Context) -> int:

@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
+from api.admission import admit_or_refuse
 from api.context import Context
 from api.control.celery_app import send
 from api.deps import CtxDep, TenantDep
@@ -53,7 +54,9 @@ def _live_view(ctx: Context, batch: Batch) -> tuple[dict[str, Any], bool]:
 def create(
     *, payload: BatchCreate, request: Request, ctx: CtxDep, tenant: TenantDep
 ) -> dict[str, Any]:
-    """Create a batch from an uploaded JSONL file; its lines become jobs."""
+    """Create a batch from an uploaded JSONL file. Answers ``validating`` at once; its lines
+    become jobs in the background (resumed after a crash by the control plane's beat)."""
+    admit_or_refuse(ctx, "batch")  # 429/503 before anything is written
     with ctx.session_factory.begin() as session:
         f = get_file(session=session, file_id=payload.input_file_id, tenant=tenant)
         if f is None:
@@ -77,7 +80,7 @@ def create(
         batch.created_at = utcnow()
         batch.expires_at = batch.created_at + timedelta(hours=hours)
         batch_id = batch.id
-    send(request.app.state.celery, "inflight.expand_batch", batch_id)
+    request.app.state.dispatcher.submit("inflight.expand_batch", batch_id)
     return _live_view(ctx, _owned(ctx, tenant, batch_id))[0]
 
 

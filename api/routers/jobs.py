@@ -12,6 +12,7 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
 
+from api.admission import admit_or_refuse
 from api.context import Context
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, not_found
@@ -109,6 +110,7 @@ def create_job(
         replay = _replay(ctx, tenant, key, digest)
         if replay is not None:
             return replay
+    admit_or_refuse(ctx, payload.queue_class)  # 429/503 before anything is written
     job = NewJob(
         request={"url": endpoint, "body": body},
         tenant=tenant,

@@ -133,3 +133,12 @@ def jsonl(lines: list[Any]) -> bytes:
     import json
 
     return "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines).encode()
+
+
+def wait_expanded(env: ApiEnv, headers: dict[str, str], batch_id: str, timeout: float = 30) -> Any:
+    """Wait until the background tasks sent so far (the batch's expansion, and the
+    finalization it may run) ended, then return ``GET /v1/batches/{id}``."""
+    assert env.app.state.dispatcher.wait_idle(timeout), f"batch {batch_id} still expanding"
+    r = env.client.get(f"/v1/batches/{batch_id}", headers=headers)
+    assert r.status_code == 200, r.text
+    return r.json()

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.api.conftest import ApiEnv, batch_lines, jsonl
+from tests.api.conftest import ApiEnv, batch_lines, jsonl, wait_expanded
 from worker.store.schemas import JobResult
 
 pytestmark = pytest.mark.services
@@ -32,7 +32,8 @@ def _create(env: ApiEnv, h: dict[str, str], file_id: str, **kw) -> dict:
         headers=h,
     )
     assert r.status_code == 200, r.text
-    return r.json()
+    assert r.json()["status"] == "validating", r.text  # answers at once, expands in background
+    return wait_expanded(env, h, r.json()["id"])
 
 
 def _finish(env: ApiEnv, batch_id: str, *, fail: set[str] = frozenset()) -> None:
@@ -263,3 +264,33 @@ def test_expansion_resumes_without_duplicates(make_env) -> None:
     assert expand_batch(env.ctx, batch_id=bid) == "in_progress"
     with env.ctx.session_factory() as s:
         assert count_by_status(session=s, batch_id=bid) == {"queued": 7}
+
+
+def test_expansion_lease_tells_live_from_dead(env: ApiEnv) -> None:
+    from api.control.expand import expand_batch
+    from api.control.maintenance import stalled_expansion_ids
+    from worker.store.base import utcnow
+    from worker.store.crud.batch_admin import get_progress
+    from worker.store.crud.batches import create_batch
+    from worker.store.crud.expansion import claim_expansion
+
+    h = env.auth("t-lease")
+    f = _upload(env, h, jsonl(batch_lines(3)))
+    with env.ctx.session_factory.begin() as s:
+        bid = create_batch(
+            session=s, tenant="t-lease", endpoint="/v1/completions", input_file_id=f["id"]
+        ).id
+    assert bid in stalled_expansion_ids(env.ctx)  # never started
+    ttl = timedelta(seconds=60)
+    with env.ctx.session_factory.begin() as s:
+        assert claim_expansion(session=s, batch_id=bid, owner="a", ttl=ttl) == "claimed"
+    assert bid not in stalled_expansion_ids(env.ctx)  # live: nobody resumes it
+    assert expand_batch(env.ctx, batch_id=bid) == "busy"
+    with env.ctx.session_factory.begin() as s:
+        get_progress(session=s, batch_id=bid).lease_until = utcnow() - timedelta(seconds=1)
+    assert bid in stalled_expansion_ids(env.ctx)  # "a" died: its lease expired
+    assert expand_batch(env.ctx, batch_id=bid) == "in_progress"
+    with env.ctx.session_factory() as s:
+        p = get_progress(session=s, batch_id=bid)
+        assert p.expanded == 1 and p.lease_owner is None and p.lines_read == 3
+    assert bid not in stalled_expansion_ids(env.ctx)

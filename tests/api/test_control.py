@@ -146,7 +146,7 @@ def test_reconcile_and_prune(make_env) -> None:
 
 
 def test_embedded_beat_finalizes_batches(make_env) -> None:
-    from tests.api.conftest import batch_lines, jsonl
+    from tests.api.conftest import batch_lines, jsonl, wait_expanded
     from worker.store.crud.jobs import finish_jobs, list_jobs
 
     env = make_env(beat_interval=0.2)
@@ -160,6 +160,7 @@ def test_embedded_beat_finalizes_batches(make_env) -> None:
     batch = env.client.post(
         "/v1/batches", json={"input_file_id": f["id"], "endpoint": "/v1/completions"}, headers=h
     ).json()
+    wait_expanded(env, h, batch["id"])
     with env.ctx.session_factory.begin() as s:
         finish_jobs(
             session=s,

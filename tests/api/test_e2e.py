@@ -56,8 +56,7 @@ def test_batch_of_100_through_the_api(env: ApiEnv, running_worker, tmp_path: Pat
     path.write_bytes(jsonl(lines))
     with ThreadedServer(env.app) as url, Client(url, api_key=env.key("t-e2e")) as client:
         batch = client.submit_batch(path, endpoint="/v1/completions")
-        assert batch["status"] == "in_progress"
-        assert batch["request_counts"]["total"] == 100
+        assert batch["status"] == "validating"  # expands in the background
         # an interactive job meanwhile, then cancel a long one while it runs
         quick = client.wait(
             client.submit({"prompt": "hello", "max_tokens": 3, "temperature": 0})["id"], timeout=120

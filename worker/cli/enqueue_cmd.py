@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator
-from typing import TextIO
+from typing import Any, TextIO
 
 CHUNK = 1000
 
@@ -25,7 +25,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--class", dest="queue_class", choices=("batch", "interactive"), default="batch")
     p.add_argument("--tenant", default="default")
     p.add_argument("--priority", type=int, default=0)
-    p.add_argument("--batch-id", default=None, help="attach the jobs to this batch id")
+    p.add_argument("--batch-id", default=None,
+                   help="attach the jobs to this batch id; job ids then derive from (batch id, "
+                   "custom_id), so re-running the command after an interruption skips the "
+                   "lines already enqueued")
+    p.add_argument("--max-queue-depth", type=int, default=1_000_000,
+                   help="stop (exit 75) instead of growing the stream past this many entries "
+                   "(0: no bound)")
     p.add_argument("--redis-url", default=None, help="overrides REDIS_URL")
     p.add_argument("--database-url", default=None, help="overrides DATABASE_URL")
     p.add_argument("--prefix", default="inflight", help="Redis key prefix")
@@ -38,13 +44,22 @@ def _lines(stream: TextIO) -> Iterator[tuple[int, str]]:
             yield i, line
 
 
+EX_TEMPFAIL = 75  # stopped by backpressure: re-run later
+
+
 def run(args: argparse.Namespace) -> int:
-    """Enqueue the file; 0 if every line was enqueued, 1 if some were invalid."""
+    """Enqueue the file; 0 if every line was enqueued, 1 if some were invalid, 75 when the
+    queue refused more (full, or Redis refusing writes): nothing is half-written, and a
+    re-run with the same --batch-id continues without duplicates."""
+    import redis
+
     from worker.protocol.openai_batch import RequestParseError, parse_request_line
     from worker.protocol.sampling_params import QUEUED_N_UNSUPPORTED
+    from worker.queue.admission import QueueRefused
     from worker.queue.connection import make_redis, redis_url
     from worker.queue.keys import QueueKeys
     from worker.queue.producer import enqueue
+    from worker.store.crud.jobs import keyed_job_id
     from worker.store.db import database_url, make_engine, make_session_factory
     from worker.store.schemas import NewJob
     from worker.telemetry.setup import configure_telemetry, shutdown_telemetry
@@ -57,16 +72,23 @@ def run(args: argparse.Namespace) -> int:
     bad = 0
     total = 0
     pending: list[NewJob] = []
+    seen: set[str] = set()
+    stopped: str | None = None
 
     def flush() -> None:
         nonlocal total
-        if pending:
+        while pending:
+            part = pending[: admit_room(args, client, keys, len(pending))]
             ids = enqueue(
-                session_factory=session_factory, redis_client=client, keys=keys, jobs=pending
+                session_factory=session_factory,
+                redis_client=client,
+                keys=keys,
+                jobs=part,
+                skip_existing=args.batch_id is not None,
             )
             sys.stdout.write("".join(f"{i}\n" for i in ids))
             total += len(ids)
-            pending.clear()
+            del pending[: len(part)]
 
     stream = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")  # noqa: SIM115
     try:
@@ -83,8 +105,16 @@ def run(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 bad += 1
                 continue
+            key = req.custom_id or f"line-{number}"
+            if args.batch_id is not None and key in seen:
+                print(f"error: line {number}: duplicate custom_id {key!r} in this batch",
+                      file=sys.stderr)
+                bad += 1
+                continue
+            seen.add(key)
             pending.append(
                 NewJob(
+                    id=keyed_job_id(args.batch_id, key) if args.batch_id else "",
                     request={"url": req.endpoint, "body": req.body},
                     tenant=args.tenant,
                     queue_class=args.queue_class,
@@ -96,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
             if len(pending) >= CHUNK:
                 flush()
         flush()
+    except (QueueRefused, redis.RedisError) as exc:
+        stopped = str(exc)
     finally:
         if stream is not sys.stdin:
             stream.close()
@@ -106,4 +138,26 @@ def run(args: argparse.Namespace) -> int:
         f"enqueued {total} jobs" + (f", {bad} invalid lines skipped" if bad else ""),
         file=sys.stderr,
     )
+    if stopped is not None:
+        again = (
+            "re-run the same command to continue (lines already enqueued are skipped)"
+            if args.batch_id
+            else "the lines after the last printed job id were not enqueued; re-running "
+            "without --batch-id would enqueue the earlier ones again"
+        )
+        print(f"error: stopped: {stopped}; {again}", file=sys.stderr)
+        return EX_TEMPFAIL
     return 1 if bad else 0
+
+
+def admit_room(args: argparse.Namespace, client: Any, keys: Any, offered: int) -> int:
+    """How many of ``offered`` jobs the queue takes now; raises QueueRefused for none."""
+    from worker.queue.admission import admit
+
+    return admit(
+        redis_client=client,
+        keys=keys,
+        queue_class=args.queue_class,
+        offered=offered,
+        max_depth=args.max_queue_depth,
+    ).room

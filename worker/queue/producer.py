@@ -36,11 +36,14 @@ def enqueue(
     keys: QueueKeys,
     jobs: Sequence[NewJob],
     traceparent: str | None = None,
+    skip_existing: bool = False,
 ) -> list[str]:
     """Insert the jobs (one transaction, committed) and then publish them; returns job ids.
 
     If publishing fails after the commit the jobs stay queued in SQL and the reconciler
-    publishes them later; the error is re-raised so the caller knows.
+    publishes them later; the error is re-raised so the caller knows. With
+    ``skip_existing`` a job whose id is already stored is neither inserted nor published
+    again (a re-run of an interrupted producer); only the new ids are returned.
 
     With tracing on, each job gets an ``inflight.enqueue`` span (child of ``traceparent``
     or of the current span, else the root of the job's own trace) whose context its message
@@ -52,7 +55,8 @@ def enqueue(
     spans = [EnqueuedJob(j.id, j.queue_class, j.tenant, j.priority) for j in jobs]
     with enqueue_spans(spans, traceparent=traceparent) as traceparents:
         with session_factory.begin() as session:
-            ids = create_jobs(session=session, jobs=jobs)
+            ids = create_jobs(session=session, jobs=jobs, skip_existing=skip_existing)
+        fresh = set(ids)
         msgs = [
             (
                 job.queue_class,
@@ -65,6 +69,7 @@ def enqueue(
                 ),
             )
             for job in jobs
+            if job.id in fresh
         ]
         try:
             publish(redis_client=redis_client, keys=keys, messages=msgs)

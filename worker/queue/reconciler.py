@@ -20,7 +20,7 @@ from worker.queue.keys import QueueKeys
 from worker.queue.message import JobMessage
 from worker.queue.producer import publish
 from worker.store.base import utcnow
-from worker.store.crud.jobs import open_jobs, statuses
+from worker.store.crud.jobs import open_job_heads, open_jobs_with_ids
 from worker.store.crud.workers import live_worker_ids
 
 log = logging.getLogger(__name__)
@@ -55,32 +55,37 @@ def reconcile(
     not held by a live worker. Returns the re-published job ids ([] if another reconciler
     holds the lock)."""
     token = uuid.uuid4().hex
-    if not cast(Any, redis_client).set(keys.reconcile_lock, token, nx=True, ex=lock_ttl_s):
+    lock = _Lock(redis_client, keys.reconcile_lock, token, lock_ttl_s)
+    if not lock.take():
         return []
     try:
         ensure_groups(redis_client=redis_client, keys=keys)
         cutoff = utcnow() - grace
+        candidates: list[str] = []
         with session_factory() as session:
             live = live_worker_ids(session=session, within=worker_timeout)
-            candidates = []
             after = ""
             while True:
-                rows = open_jobs(session=session, queued_before=cutoff, after_id=after)
+                heads = open_job_heads(session=session, queued_before=cutoff, after_id=after)
                 candidates += [
-                    j for j in rows if not (j.status == "running" and j.worker_id in live)
+                    job_id
+                    for job_id, status, worker in heads
+                    if not (status == "running" and worker in live)
                 ]
-                if len(rows) < 10_000:
+                if len(heads) < 10_000:
                     break
-                after = rows[-1].id
+                after = heads[-1][0]
+                lock.renew()
         if not candidates:
             return []
+        lock.renew()
         present = job_ids_in_streams(redis_client=redis_client, keys=keys)
-        missing = [j for j in candidates if j.id not in present]
-        if not missing:
+        absent = [j for j in candidates if j not in present]
+        if not absent:
             return []
-        with session_factory() as session:  # drop those that ended meanwhile
-            now_status = statuses(session=session, job_ids=[j.id for j in missing])
-        missing = [j for j in missing if now_status.get(j.id) in ("queued", "running")]
+        lock.renew()
+        with session_factory() as session:  # bodies of the absent only; drop those ended
+            missing = open_jobs_with_ids(session=session, job_ids=absent)
         msgs = [
             (
                 j.queue_class,
@@ -98,5 +103,35 @@ def reconcile(
         log.warning("reconciler re-published %d jobs absent from Redis", len(msgs))
         return [j.id for j in missing]
     finally:
-        if cast(Any, redis_client).get(keys.reconcile_lock) == token:
-            cast(Any, redis_client).delete(keys.reconcile_lock)
+        lock.release()
+
+
+# Extend or delete the lock only while it is still ours.
+_RENEW = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+    "return redis.call('EXPIRE', KEYS[1], ARGV[2]) end return 0"
+)
+_RELEASE = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+)
+
+
+class _Lock:
+    """The reconciler's Redis lock, renewed at each stage so that it is held for as long as
+    the run lasts (two reconcilers never publish the same missing job twice)."""
+
+    def __init__(self, client: redis.Redis, key: str, token: str, ttl_s: int) -> None:
+        self.client, self.key, self.token, self.ttl_s = cast(Any, client), key, token, ttl_s
+
+    def take(self) -> bool:
+        """Take the lock; False when another reconciler holds it."""
+        return bool(self.client.set(self.key, self.token, nx=True, ex=self.ttl_s))
+
+    def renew(self) -> None:
+        """Extend the lock; raises when it expired and was taken by another."""
+        if not self.client.eval(_RENEW, 1, self.key, self.token, self.ttl_s):
+            raise RuntimeError("the reconciler lock was lost; another reconciler runs")
+
+    def release(self) -> None:
+        """Delete the lock if it is still ours."""
+        self.client.eval(_RELEASE, 1, self.key, self.token)

@@ -2,8 +2,10 @@
 cancellations between steps, drain on SIGTERM.
 
 A job that fails validation or tokenization fails alone. If ``engine.step()`` raises, every
-job that was in the engine is aborted and re-run one at a time, so only the job that makes
-the step fail is failed (with the error) and the others go on.
+job that was in the engine is aborted and a known-good probe runs alone: if it passes, the
+jobs are re-run one at a time, so only the job that makes the step fail is failed (with the
+error) and the others go on; if it fails too, the engine is broken and every held job is
+handed back unfailed (:mod:`worker.service.engine_health`).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from typing import Any, Protocol
 
 from worker.protocol.sampling_params import InvalidRequestError, SamplingParams
 from worker.service.config import WorkerConfig
+from worker.service.engine_health import EngineBroken, probe_engine
 from worker.service.flags import Flags
+from worker.service.inbox import Inbox
 from worker.service.inflight import HeldJob
 from worker.service.observe import JobObserver
 from worker.service.prepare import prepare
-from worker.service.writer import Finished, OutputWriter, Release
+from worker.service.writer import Finished, HandBack, OutputWriter, Release
 from worker.store.base import from_epoch, utcnow
 from worker.store.schemas import JobResult
 
@@ -72,7 +76,7 @@ class EngineLoop:
         config: WorkerConfig,
         writer: OutputWriter,
         flags: Flags,
-        buffer: deque[HeldJob],
+        inbox: Inbox,
         work_ready: threading.Event,
         want_changed: threading.Event,
         worker_id: str,
@@ -83,7 +87,7 @@ class EngineLoop:
         self.config = config
         self.writer = writer
         self.flags = flags
-        self.buffer = buffer
+        self.inbox = inbox
         self.work_ready = work_ready
         self.want_changed = want_changed
         self.worker_id = worker_id
@@ -99,7 +103,6 @@ class EngineLoop:
         self.finished = 0
         self.failed = 0
         self._drain_deadline: float | None = None
-        self._idle_step_errors = 0
         # telemetry: read by observable metrics at collection time; bumped once per step
         self.observer = observer
         self._observe = observer is not None and observer.enabled
@@ -117,7 +120,7 @@ class EngineLoop:
         with self.lock:
             if self.isolate or self.isolated_active is not None:
                 return 0
-            return self._capacity + self.config.prefetch - len(self.buffer)
+            return self._capacity + self.config.prefetch - len(self.inbox)
 
     def add_isolated(self, held: list[HeldJob]) -> None:
         """Queue suspect jobs (redelivered after a crash) to run alone, one at a time."""
@@ -163,18 +166,17 @@ class EngineLoop:
                 else self.engine.admission_capacity()
             )
             self._capacity = cap
-            wanted = cap + self.config.prefetch - len(self.buffer)
+            wanted = cap + self.config.prefetch - len(self.inbox)
         # Wake the intake only when it has something to read: a wake-up on every step costs
         # the engine's matmuls a core's time slice on a small machine.
         if wanted > 0 and not self.isolate and self.isolated_active is None:
             self.want_changed.set()
 
     def _admit(self) -> None:
-        if not self.buffer:
+        if not len(self.inbox):
             return
         with self.lock:
-            n = min(self.engine.admission_capacity(), len(self.buffer))
-            taken = [self.buffer.popleft() for _ in range(n)]
+            taken = self.inbox.take(self.engine.admission_capacity())
             for held in taken:
                 self._add(held)
             # Not redundant with _publish_capacity: the step that runs before it can be
@@ -231,9 +233,7 @@ class EngineLoop:
             if not self._cancel_requests:
                 return
             ids, self._cancel_requests = self._cancel_requests, set()
-            waiting = [h for h in self.buffer if h.job_id in ids]
-            for h in waiting:
-                self.buffer.remove(h)
+            waiting = self.inbox.take_ids(ids)
         for h in waiting:
             result = JobResult(job_id=h.job_id, status="cancelled", finish_reason="abort")
             self.writer.put(Finished(result, h, self._timeline(h, result)))
@@ -248,7 +248,6 @@ class EngineLoop:
         except Exception as exc:
             self._on_step_error(exc)
             return
-        self._idle_step_errors = 0
         self.steps += 1
         self.last_stats = stats
         # new tokens of this step (several per output when drafts were accepted)
@@ -319,19 +318,38 @@ class EngineLoop:
     def _on_step_error(self, exc: Exception) -> None:
         suspects = list(self.active.values())
         log.error("engine step failed with %d jobs in it: %s", len(suspects), _error_text(exc))
-        if not suspects:
-            self._idle_step_errors += 1
-            if self._idle_step_errors >= 3:
-                raise RuntimeError("the engine keeps failing with no job in it") from exc
-            return
         self.active.clear()
         for h in suspects:
             self.engine.abort_request(h.job_id)
             self.cancelling.discard(h.job_id)
+        if not probe_engine(self.engine):
+            n = self.hand_back_all(suspects)
+            raise EngineBroken(
+                f"the engine fails a known-good probe too ({_error_text(exc)}); "
+                f"handed {n} jobs back unfailed"
+            ) from exc
+        if not suspects:
+            return
         if len(suspects) == 1:
             self._fail(suspects[0], f"the engine failed on this job: {_error_text(exc)}")
             return
         self.isolate.extendleft(reversed(suspects))
+
+    def hand_back_all(self, extra: list[HeldJob] | None = None) -> int:
+        """Stop taking work and hand every held job (``extra``, running, buffered, waiting
+        to run alone) back unfailed; returns how many. Also called once the intake stopped,
+        for what it delivered meanwhile."""
+        self.flags.request_drain()
+        with self.lock:
+            left = [*(extra or []), *self.active.values(), *self.inbox.take_all(), *self.isolate]
+            self.isolate.clear()
+            self.isolated_active = None
+        for h in self.active.values():
+            self.engine.abort_request(h.job_id)
+        self.active.clear()
+        if left:
+            self.writer.put(HandBack(left))
+        return len(left)
 
     def _drain_step(self) -> bool:
         """One drain iteration; True when the loop should end."""
@@ -340,8 +358,7 @@ class EngineLoop:
             log.info("draining: intake stopped, finishing %d running jobs", len(self.active))
             self.on_drain()
             with self.lock:
-                left = list(self.buffer) + list(self.isolate)
-                self.buffer.clear()
+                left = self.inbox.take_all() + list(self.isolate)
                 self.isolate.clear()
                 self.isolated_active = None
             if left:

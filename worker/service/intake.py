@@ -12,7 +12,6 @@ import functools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 import redis
@@ -25,6 +24,7 @@ from worker.queue.delivery import Delivery
 from worker.queue.keys import QueueKeys
 from worker.service.config import WorkerConfig
 from worker.service.flags import Flags
+from worker.service.inbox import Inbox
 from worker.service.inflight import HeldJob, Registry
 from worker.service.retry import retry
 from worker.service.writer import AckOnly, OutputWriter
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 class Intake:
     """The intake thread. The engine loop publishes how many jobs it wants through
-    ``want_fn``; intake appends HeldJobs to ``buffer`` and sets ``work_ready``."""
+    ``want_fn``; intake puts HeldJobs in the ``inbox`` and sets ``work_ready``."""
 
     def __init__(
         self,
@@ -49,7 +49,7 @@ class Intake:
         registry: Registry,
         writer: OutputWriter,
         flags: Flags,
-        buffer: deque[HeldJob],
+        inbox: Inbox,
         want_fn: Callable[[], int],
         work_ready: threading.Event,
         want_changed: threading.Event,
@@ -65,7 +65,7 @@ class Intake:
         self.registry = registry
         self.writer = writer
         self.flags = flags
-        self.buffer = buffer
+        self.inbox = inbox
         self.want_fn = want_fn
         self.work_ready = work_ready
         self.want_changed = want_changed
@@ -219,27 +219,35 @@ class Intake:
                     )
             self.dead_lettered += len(dead)
         live = [d for d in deliveries if id(d) not in dead_ids]
-        duplicates = [d for d in live if self.registry.get(d.job_id or "") is not None]
-        dup_ids = {id(d) for d in duplicates}
-        live = [d for d in live if id(d) not in dup_ids]
-        ids = list(dict.fromkeys(d.job_id for d in live if d.job_id))
+        # Held (so kept touched) before the SQL start: if the store hangs right there, no
+        # other worker takes these entries over while this one waits to run them.
+        skip: list[Delivery] = []
+        taken: list[HeldJob] = []
+        for d in live:
+            h = HeldJob(job_id=d.job_id or "", stream=d.stream, entry_id=d.entry_id, delivery=d)
+            if d.job_id and self.registry.add(h):
+                taken.append(h)
+            else:
+                skip.append(d)  # a duplicate delivery of a job held already
+        ids = [h.job_id for h in taken]
         allowed: set[str] = set()
         if ids:
-            allowed = retry(lambda: self._start(ids), what="mark running", stop=self.flags.draining)
-        skip = [d for d in live if d.job_id not in allowed] + duplicates
-        held: list[HeldJob] = []
-        for d in live:
-            if d.job_id in allowed:
-                h = HeldJob(job_id=d.job_id or "", stream=d.stream, entry_id=d.entry_id, delivery=d)
-                if self.registry.add(h):
-                    held.append(h)
-                else:
-                    skip.append(d)
+            try:
+                allowed = retry(
+                    lambda: self._start(ids), what="mark running", stop=self.flags.draining
+                )
+            except Exception:
+                self.registry.remove(ids)  # left pending in Redis: redelivered later
+                raise
+        held = [h for h in taken if h.job_id in allowed]
+        ended = [h for h in taken if h.job_id not in allowed]
+        self.registry.remove([h.job_id for h in ended])
+        skip += [h.delivery for h in ended]
         if skip:
             self.skipped += len(skip)
             self.writer.put(AckOnly([(d.stream, d.entry_id) for d in skip]))
         if held:
-            (self.isolate_fn if isolated else self.buffer.extend)(held)
+            (self.isolate_fn if isolated else self.inbox.put)(held)
             self.work_ready.set()
 
     def _start(self, ids: list[str]) -> set[str]:

@@ -1,12 +1,23 @@
-"""Maintenance thread: heartbeat, keep-alive of held entries, cancellation polling,
-stream trimming and the reconciler."""
+"""Maintenance: three threads, so that a slow or unreachable PostgreSQL never stops the
+keep-alive of the entries this worker holds (other workers would take them over and run
+them a second time).
+
+- keep-alive (Redis only): touch held entries and renew the consumer-name lock every
+  ``heartbeat_interval``, poll the cancel signals, trim the streams;
+- upkeep (SQL): the worker heartbeat row and the recorded cancels;
+- reconciler: its own thread, so a long reconcile never delays the heartbeat (a worker
+  whose heartbeat lapses looks dead, and its running jobs would be re-published).
+
+Cancels are read twice: the Redis signal (fast, every ``cancel_poll_interval``) and the SQL
+record (every ``heartbeat_interval``), so a cancel whose signal Redis lost (a restart
+without persistence) is still carried out."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import redis
@@ -21,13 +32,15 @@ from worker.service.config import WorkerConfig
 from worker.service.flags import Flags
 from worker.service.inflight import Registry
 from worker.service.naming import renew_name
+from worker.store.crud.jobs import cancel_requested_among
 from worker.store.crud.workers import heartbeat
 
 log = logging.getLogger(__name__)
 
 
 class Maintenance:
-    """Periodic chores, each guarded so one failing chore never stops the others."""
+    """Periodic chores on three threads, each chore guarded so one failing never stops
+    the others."""
 
     def __init__(
         self,
@@ -57,36 +70,52 @@ class Maintenance:
         self.status_fn = status_fn
         self.stop = threading.Event()
         self.reconciled = 0
-        self._thread = threading.Thread(target=self._run, name="maintenance", daemon=True)
+        self._threads = [
+            threading.Thread(target=self._run_keepalive, name="keepalive", daemon=True),
+            threading.Thread(target=self._run_upkeep, name="upkeep", daemon=True),
+            threading.Thread(target=self._run_reconciler, name="reconciler", daemon=True),
+        ]
 
     def start(self) -> None:
-        """Start the thread."""
-        self._thread.start()
+        """Start the threads."""
+        for t in self._threads:
+            t.start()
 
     def close(self) -> None:
-        """Stop the thread."""
+        """Stop the threads."""
         self.stop.set()
-        self._thread.join(5)
+        for t in self._threads:
+            t.join(5)
 
-    def _run(self) -> None:
+    def _ticks(self, interval: float) -> Iterator[float]:
+        while not self.stop.wait(interval) and not self.flags.stop_now.is_set():
+            yield time.monotonic()
+
+    def _run_keepalive(self) -> None:
         c = self.config
         now = time.monotonic()
-        due = {
-            "beat": now,
-            "trim": now + c.trim_interval,
-            "reconcile": now + min(c.reconcile_interval, 1.0),
-        }
-        while not self.stop.wait(c.cancel_poll_interval) and not self.flags.stop_now.is_set():
+        due = {"touch": now, "trim": now + c.trim_interval}
+        for now in self._ticks(c.cancel_poll_interval):
             self._guard("cancel poll", self._poll_cancels)
-            now = time.monotonic()
-            if now >= due["beat"]:
-                due["beat"] = now + c.heartbeat_interval
-                self._guard("heartbeat", self.beat)
+            if now >= due["touch"]:
+                due["touch"] = now + c.heartbeat_interval
+                self._guard("keep-alive", self.keep_alive)
             if now >= due["trim"]:
                 due["trim"] = now + c.trim_interval
                 self._guard("trim", lambda: trim_streams(redis_client=self.redis, keys=self.keys))
-            if now >= due["reconcile"] and not self.flags.draining.is_set():
-                due["reconcile"] = now + c.reconcile_interval
+
+    def _run_upkeep(self) -> None:
+        self._guard("heartbeat", self.heartbeat)
+        for _ in self._ticks(self.config.heartbeat_interval):
+            self._guard("heartbeat", self.heartbeat)
+            self._guard("cancel records", self._read_cancel_records)
+
+    def _run_reconciler(self) -> None:
+        c = self.config
+        due = time.monotonic() + min(c.reconcile_interval, 1.0)
+        for now in self._ticks(min(c.reconcile_interval, 1.0)):
+            if now >= due and not self.flags.draining.is_set():
+                due = now + c.reconcile_interval
                 self._guard("reconcile", self._reconcile)
 
     def _guard(self, what: str, fn: Callable[[], object]) -> None:
@@ -102,21 +131,34 @@ class Maintenance:
             if found:
                 self.on_cancel(found)
 
-    def beat(self) -> None:
-        """Heartbeat in SQL, keep held entries from looking stale, keep the name lock."""
-        entries = self.registry.entries()
-        try:
-            touch(redis_client=self.redis, keys=self.keys, consumer=self.consumer, entries=entries)
-            held = renew_name(redis_client=self.redis, keys=self.keys, name=self.consumer,
-                              token=self.lock_token, ttl_s=self.config.lock_ttl)
-            if not held and not self.flags.draining.is_set():
-                # Two live processes must not share a consumer name: hand the work back.
-                log.error("consumer name %r was taken by another process; draining",
-                          self.consumer)
-                self.flags.request_drain()
-        finally:
-            with self.session_factory.begin() as session:
-                heartbeat(session=session, worker_id=self.worker_id, status=self.status_fn())
+    def _read_cancel_records(self) -> None:
+        ids = self.registry.job_ids()
+        if ids:
+            with self.session_factory() as session:
+                found = cancel_requested_among(session=session, job_ids=ids)
+                session.rollback()
+            if found:
+                self.on_cancel(found)
+
+    def keep_alive(self) -> None:
+        """Keep held entries from looking stale and keep the consumer-name lock (Redis)."""
+        touch(
+            redis_client=self.redis,
+            keys=self.keys,
+            consumer=self.consumer,
+            entries=self.registry.entries(),
+        )
+        held = renew_name(redis_client=self.redis, keys=self.keys, name=self.consumer,
+                          token=self.lock_token, ttl_s=self.config.lock_ttl)
+        if not held and not self.flags.draining.is_set():
+            # Two live processes must not share a consumer name: hand the work back.
+            log.error("consumer name %r was taken by another process; draining", self.consumer)
+            self.flags.request_drain()
+
+    def heartbeat(self) -> None:
+        """The worker's heartbeat row in SQL."""
+        with self.session_factory.begin() as session:
+            heartbeat(session=session, worker_id=self.worker_id, status=self.status_fn())
 
     def _reconcile(self) -> None:
         c = self.config

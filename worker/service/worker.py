@@ -8,7 +8,6 @@ import socket
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -16,9 +15,11 @@ from worker.queue.connection import make_redis
 from worker.queue.group import ensure_groups
 from worker.queue.keys import QueueKeys
 from worker.service.config import WorkerConfig
+from worker.service.engine_health import EngineBroken
 from worker.service.engine_loop import EngineAPI, EngineLoop
 from worker.service.flags import Flags
-from worker.service.inflight import HeldJob, Registry
+from worker.service.inbox import Inbox
+from worker.service.inflight import Registry
 from worker.service.intake import Intake
 from worker.service.maintenance import Maintenance
 from worker.service.naming import acquire_name, release_name
@@ -41,7 +42,8 @@ def default_engine_factory(config: WorkerConfig) -> EngineAPI:
 
 class Worker:
     """One worker process. ``run()`` returns the exit code: 0 after a clean drain, 1 after
-    a second signal (stop at once)."""
+    a second signal (stop at once), 2 when the engine loop failed, 3 when the engine broke
+    (every held job was handed back unfailed)."""
 
     def __init__(
         self,
@@ -106,7 +108,7 @@ class Worker:
         ensure_groups(redis_client=redis_client, keys=keys)
 
         registry = Registry()
-        buffer: deque[HeldJob] = deque()
+        inbox = Inbox()
         work_ready, want_changed = threading.Event(), threading.Event()
         observer = JobObserver(worker_id, redis_client=redis_client, keys=keys)
         writer = OutputWriter(
@@ -127,7 +129,7 @@ class Worker:
             config=c,
             writer=writer,
             flags=self.flags,
-            buffer=buffer,
+            inbox=inbox,
             work_ready=work_ready,
             want_changed=want_changed,
             worker_id=worker_id,
@@ -146,7 +148,7 @@ class Worker:
             registry=registry,
             writer=writer,
             flags=self.flags,
-            buffer=buffer,
+            inbox=inbox,
             want_fn=loop.want,
             work_ready=work_ready,
             want_changed=want_changed,
@@ -180,12 +182,17 @@ class Worker:
         code = 0
         try:
             loop.run()
+        except EngineBroken as exc:
+            log.error("%s; exiting for the supervisor to restart this worker", exc)
+            code = 3
         except Exception:
             log.exception("engine loop failed; unfinished jobs stay pending for another worker")
             code = 2
         finally:
             self.flags.request_drain()
             intake.join(10)
+            if code == 3:
+                loop.hand_back_all()  # what the intake delivered before it stopped
             if not self.flags.stop_now.is_set() and not writer.close(timeout=c.drain_timeout + 30):
                 log.warning("writer did not finish; unwritten jobs stay pending in Redis")
             maintenance.close()
@@ -209,6 +216,7 @@ class Worker:
                 "finished": loop.finished,
                 "failed_early": loop.failed,
                 "written": writer.written,
+                "handed_back": writer.handed_back,
                 "transactions": writer.transactions,
                 "steps": loop.steps,
                 "reconciled": maintenance.reconciled,

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from worker.queue.cancel import clear_cancels
 from worker.queue.consumer import ack
+from worker.queue.handback import hand_back
 from worker.queue.keys import QueueKeys
 from worker.service.flags import Flags
 from worker.service.inflight import HeldJob, Registry
@@ -44,6 +45,15 @@ class Finished:
 @dataclass
 class Release:
     """Jobs handed back (drain): requeued in SQL, left pending in Redis for another worker."""
+
+    held: list[HeldJob]
+
+
+@dataclass
+class HandBack:
+    """Jobs handed back because this worker's engine broke: requeued in SQL without
+    counting the attempt, re-published as fresh entries (the old ones acked) so that
+    another worker reads them at once and no delivery counts against them."""
 
     held: list[HeldJob]
 
@@ -86,6 +96,7 @@ class OutputWriter:
         self._put_finished = 0
         self.written = 0
         self.unstored = 0  # results that could not be stored at all (left pending in Redis)
+        self.handed_back = 0  # jobs handed back unfailed after the engine broke
         self.transactions = 0
         # Step traces alone wait (up to trace_flush_interval or trace_flush_rows) and ride
         # along with the next result commit: one commit per engine step would cost the
@@ -102,7 +113,7 @@ class OutputWriter:
         """Results put but not yet committed (read by the intake)."""
         return self._put_finished - self.written - self.unstored
 
-    def put(self, item: Finished | Release | AckOnly | dict[str, Any]) -> None:
+    def put(self, item: Finished | Release | HandBack | AckOnly | dict[str, Any]) -> None:
         """Queue a result, a release, an ack, or an iteration row (a dict)."""
         if isinstance(item, Finished):
             with self._put_lock:
@@ -160,6 +171,7 @@ class OutputWriter:
         finished = [i for i in items if isinstance(i, Finished)]
         rows = [i for i in items if isinstance(i, dict)]
         releases = [h for i in items if isinstance(i, Release) for h in i.held]
+        handed = [h for i in items if isinstance(i, HandBack) for h in i.held]
         acks = [e for i in items if isinstance(i, AckOnly) for e in i.entries]
         write_start = time.time()
         if finished or rows:
@@ -182,6 +194,8 @@ class OutputWriter:
             ids = [h.job_id for h in releases]
             retry(lambda: self._requeue(ids), what="requeue", stop=self.flags.stop_now)
             self.registry.remove(ids)
+        if handed:
+            self._hand_back(handed)
         if acks:
             retry(
                 lambda: ack(redis_client=self.redis, keys=self.keys, entries=acks),
@@ -248,6 +262,21 @@ class OutputWriter:
                     unstored.append(f)
         return unstored
 
-    def _requeue(self, job_ids: list[str]) -> None:
+    def _requeue(self, job_ids: list[str], *, uncount: bool = False) -> None:
         with self.session_factory.begin() as session:
-            requeue_jobs(session=session, job_ids=job_ids, worker_id=self.worker_id)
+            requeue_jobs(
+                session=session, job_ids=job_ids, worker_id=self.worker_id, uncount=uncount
+            )
+
+    def _hand_back(self, handed: list[HeldJob]) -> None:
+        ids = [h.job_id for h in handed]
+        retry(lambda: self._requeue(ids, uncount=True), what="requeue", stop=self.flags.stop_now)
+        retry(
+            lambda: hand_back(
+                redis_client=self.redis, keys=self.keys, deliveries=[h.delivery for h in handed]
+            ),
+            what="hand back",
+            stop=self.flags.stop_now,
+        )
+        self.registry.remove(ids)
+        self.handed_back += len(ids)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, text, update
+from sqlalchemy import bindparam, case, func, insert, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from worker.store.base import UTCDateTime, utcnow
@@ -24,10 +27,22 @@ def new_job_id() -> str:
     return "job_" + uuid.uuid4().hex
 
 
+def keyed_job_id(batch_id: str, key: str) -> str:
+    """A job id determined by (batch id, custom id): the same line enqueued twice under one
+    batch id maps to one job."""
+    return "job_" + hashlib.sha256(f"{batch_id}\0{key}".encode()).hexdigest()[:32]
+
+
 def create_jobs(
-    *, session: Session, jobs: Sequence[NewJob], now: datetime | None = None
+    *,
+    session: Session,
+    jobs: Sequence[NewJob],
+    now: datetime | None = None,
+    skip_existing: bool = False,
 ) -> list[str]:
-    """Insert queued jobs in one statement and return their ids (the caller commits)."""
+    """Insert queued jobs in one statement and return their ids (the caller commits). With
+    ``skip_existing`` an id already stored is left alone and only the ids inserted now are
+    returned (re-running an interrupted producer with deterministic ids)."""
     if not jobs:
         return []
     now = now or utcnow()
@@ -48,6 +63,12 @@ def create_jobs(
                 "attempts": 0,
             }
         )
+    if skip_existing:
+        ins = (
+            pg_insert(Job) if session.get_bind().dialect.name == "postgresql" else sqlite_insert(Job)
+        )
+        fresh = set(session.scalars(ins.values(rows).on_conflict_do_nothing().returning(Job.id)))
+        return [job.id for job in jobs if job.id in fresh]
     session.execute(insert(Job), rows)
     return [job.id for job in jobs]
 
@@ -104,16 +125,24 @@ def start_jobs(
 ) -> set[str]:
     """Mark these jobs running on ``worker_id`` (attempts + 1) and return the ids that may
     run: those still queued or running. Terminal and unknown ids are left out, so a
-    redelivered job that already ended is skipped."""
+    redelivered job that already ended is skipped. A job whose cancel was recorded while a
+    (since dead) worker ran it ends ``cancelled`` here instead: the durable cancel wins."""
     if not job_ids:
         return set()
+    now = now or utcnow()
+    ids = list(job_ids)
+    session.execute(
+        update(Job)
+        .where(Job.id.in_(ids), Job.status.in_(_OPEN), Job.cancel_requested_at.is_not(None))
+        .values(status=JobStatus.CANCELLED.value, finished_at=now, finish_reason="abort")
+    )
     stmt = (
         update(Job)
-        .where(Job.id.in_(list(job_ids)), Job.status.in_(_OPEN))
+        .where(Job.id.in_(ids), Job.status.in_(_OPEN))
         .values(
             status=JobStatus.RUNNING.value,
             worker_id=worker_id,
-            started_at=now or utcnow(),
+            started_at=now,
             attempts=Job.attempts + 1,
         )
         .returning(Job.id)
@@ -181,8 +210,11 @@ def fail_job(*, session: Session, job_id: str, error: str) -> bool:
     return bool(res.rowcount)  # type: ignore[attr-defined]
 
 
-def requeue_jobs(*, session: Session, job_ids: Sequence[str], worker_id: str) -> int:
-    """Put jobs this worker started but will not finish back to queued."""
+def requeue_jobs(
+    *, session: Session, job_ids: Sequence[str], worker_id: str, uncount: bool = False
+) -> int:
+    """Put jobs this worker started but will not finish back to queued. With ``uncount``
+    their start is not counted as an attempt (the worker, not the job, was at fault)."""
     if not job_ids:
         return 0
     res = session.execute(
@@ -192,36 +224,73 @@ def requeue_jobs(*, session: Session, job_ids: Sequence[str], worker_id: str) ->
             Job.status == JobStatus.RUNNING.value,
             Job.worker_id == worker_id,
         )
-        .values(status=JobStatus.QUEUED.value, started_at=None)
+        .values(
+            status=JobStatus.QUEUED.value,
+            started_at=None,
+            **({"attempts": case((Job.attempts > 0, Job.attempts - 1), else_=0)} if uncount else {}),
+        )
     )
     return int(res.rowcount)  # type: ignore[attr-defined]
 
 
 def cancel_job(*, session: Session, job_id: str) -> str | None:
-    """Cancel a job: a queued one ends at once (returns ``cancelled``); a running one needs
-    the worker to abort it (returns ``running``: signal it through the queue); an ended one
+    """Cancel a job: a queued one ends at once (returns ``cancelled``); for a running one
+    the request is recorded (``cancel_requested_at``) and its worker must abort it (returns
+    ``running``: signal it through the queue, which only carries the signal); an ended one
     is left as is (returns its status). None if there is no such job."""
+    now = utcnow()
     res = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.QUEUED.value)
-        .values(status=JobStatus.CANCELLED.value, finished_at=utcnow(), finish_reason="abort")
+        .values(status=JobStatus.CANCELLED.value, finished_at=now, finish_reason="abort")
     )
     if res.rowcount:  # type: ignore[attr-defined]
         return JobStatus.CANCELLED.value
+    session.execute(
+        update(Job)
+        .where(
+            Job.id == job_id,
+            Job.status == JobStatus.RUNNING.value,
+            Job.cancel_requested_at.is_(None),
+        )
+        .values(cancel_requested_at=now)
+    )
     status = session.scalar(select(Job.status).where(Job.id == job_id))
     return status
 
 
-def open_jobs(
+def cancel_requested_among(*, session: Session, job_ids: Sequence[str]) -> set[str]:
+    """Which of these jobs are still open with a recorded cancel request (what a worker
+    honours even when the Redis signal was lost)."""
+    if not job_ids:
+        return set()
+    stmt = select(Job.id).where(
+        Job.id.in_(list(job_ids)),
+        Job.status.in_(_OPEN),
+        Job.cancel_requested_at.is_not(None),
+    )
+    return set(session.scalars(stmt))
+
+
+def open_job_heads(
     *, session: Session, queued_before: datetime, limit: int = 10_000, after_id: str = ""
-) -> list[Job]:
-    """Queued or running jobs queued before ``queued_before``, by id (for the reconciler)."""
+) -> list[tuple[str, str, str | None]]:
+    """(id, status, worker_id) of queued or running jobs queued before ``queued_before``, by
+    id: what the reconciler needs to pick candidates, without loading request bodies."""
     stmt = (
-        select(Job)
+        select(Job.id, Job.status, Job.worker_id)
         .where(Job.status.in_(_OPEN), Job.queued_at < queued_before, Job.id > after_id)
         .order_by(Job.id)
         .limit(limit)
     )
+    return [(i, st, w) for i, st, w in session.execute(stmt)]
+
+
+def open_jobs_with_ids(*, session: Session, job_ids: Sequence[str]) -> list[Job]:
+    """The full rows of those of these jobs that are still queued or running."""
+    if not job_ids:
+        return []
+    stmt = select(Job).where(Job.id.in_(list(job_ids)), Job.status.in_(_OPEN)).order_by(Job.id)
     return list(session.scalars(stmt))
 
 

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy import Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from worker.store.base import Base
+from worker.store.base import Base, UTCDateTime
 
 
 class BatchProgress(Base):
-    """How far a batch's input file was read, and how many of its lines were invalid."""
+    """How far a batch's input file was read, and how many of its lines were invalid.
+
+    ``lines_read`` commits in the same transaction as the jobs of the lines it covers, so a
+    resumed expansion starts exactly after the last committed chunk. ``lease_owner`` /
+    ``lease_until`` tell a live expansion (renewed at each chunk) from a dead one."""
 
     __tablename__ = "batch_progress"
 
@@ -17,3 +23,5 @@ class BatchProgress(Base):
     lines_read: Mapped[int] = mapped_column(Integer, default=0)
     invalid_lines: Mapped[int] = mapped_column(Integer, default=0)
     expanded: Mapped[int] = mapped_column(Integer, default=0)  # 1 once every line is in
+    lease_owner: Mapped[str | None] = mapped_column(String(128))  # the expanding process
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)  # dead after this

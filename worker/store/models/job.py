@@ -55,6 +55,8 @@ class Job(Base):
     worker_id: Mapped[str | None] = mapped_column(String(128))
     first_step: Mapped[int | None] = mapped_column(Integer)
     last_step: Mapped[int | None] = mapped_column(Integer)
+    # a cancel asked for while the job ran: the record a worker honours (Redis only signals)
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (
         Index(None, "status", "queued_at"),

@@ -1,0 +1,71 @@
+"""Backpressure: whether a queue can take more jobs now, checked before anything is written.
+
+Two reasons to refuse: Redis refuses writes (out of memory under ``noeviction``, a read-only
+replica, unreachable), or the stream is deeper than a configured bound. The write probe is a
+tiny expiring key, so a Redis that would refuse the XADD refuses the probe first and nothing
+is committed to SQL for a job that could not be published."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+
+from worker.queue.keys import QueueKeys
+
+RETRY_AFTER_FULL_S = 10
+RETRY_AFTER_DOWN_S = 5
+
+
+class QueueRefused(Exception):
+    """The queue cannot take jobs now. ``full``: over its bound (else Redis refuses writes);
+    ``retry_after``: seconds after which a retry may succeed."""
+
+    def __init__(self, message: str, *, full: bool, retry_after: int) -> None:
+        super().__init__(message)
+        self.full = full
+        self.retry_after = retry_after
+
+
+@dataclass
+class Admission:
+    """How many of the offered jobs the queue takes now (``room`` >= 1 when admitted)."""
+
+    room: int
+
+
+def admit(
+    *, redis_client: redis.Redis, keys: QueueKeys, queue_class: str, offered: int, max_depth: int
+) -> Admission:
+    """Admit up to ``offered`` jobs to ``queue_class``'s stream (``max_depth`` 0: no bound);
+    raises QueueRefused when none can go in now."""
+    stream = keys.stream(queue_class)
+    try:
+        pipe = cast(Any, redis_client).pipeline(transaction=False)
+        pipe.set(f"{keys.prefix}:admission-probe", "1", px=5000)
+        pipe.xlen(stream)
+        _, depth = pipe.execute()
+    except redis.ResponseError as exc:  # OOM, READONLY, MISCONF ...
+        reason = str(exc).splitlines()[0].split("caused error: ")[-1].rstrip(".")
+        raise QueueRefused(
+            f"the queue refuses writes ({type(exc).__name__}: {reason})",
+            full=False,
+            retry_after=RETRY_AFTER_DOWN_S,
+        ) from exc
+    except redis.RedisError as exc:  # connection refused, timeout
+        raise QueueRefused(
+            f"the queue is unreachable ({type(exc).__name__}: {exc})",
+            full=False,
+            retry_after=RETRY_AFTER_DOWN_S,
+        ) from exc
+    if not max_depth:
+        return Admission(room=offered)
+    room = max_depth - int(depth)
+    if room <= 0 and offered > 0:
+        raise QueueRefused(
+            f"the {queue_class} queue holds {depth} entries, at its bound of {max_depth}",
+            full=True,
+            retry_after=RETRY_AFTER_FULL_S,
+        )
+    return Admission(room=min(offered, max(room, 0)))

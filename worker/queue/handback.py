@@ -1,0 +1,35 @@
+"""Hand entries back to the group as fresh ones: a worker that cannot run what it holds
+(its engine broke) re-publishes each entry and acks the old one, so another worker reads it
+at once and the failed attempt does not count as a delivery toward the dead-letter limit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+import redis
+
+from worker.queue.delivery import Delivery
+from worker.queue.keys import QueueKeys
+
+# Ack the old entry and, only if it was still pending, add its copy: running this again
+# after a lost reply neither adds a second copy nor loses the entry.
+_HAND_BACK = """
+local n = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+if n == 1 then
+  redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+end
+return n
+"""
+
+
+def hand_back(*, redis_client: redis.Redis, keys: QueueKeys, deliveries: Sequence[Delivery]) -> int:
+    """Re-publish these held entries as new ones and ack the old; returns how many moved."""
+    if not deliveries:
+        return 0
+    script = cast(Any, redis_client).register_script(_HAND_BACK)
+    pipe = redis_client.pipeline(transaction=False)
+    for d in deliveries:
+        flat = [x for kv in (d.fields or {}).items() for x in kv]
+        script(keys=[d.stream], args=[keys.group, d.entry_id, *flat], client=pipe)
+    return sum(int(n) for n in pipe.execute())
