@@ -307,8 +307,14 @@ class LLMEngine:
         if not sampling:
             return outputs, 0
         assert logits is not None, "a step that samples has logits"
-        appends, num_accepted = self._sample(sampling, logits)
+        appends, num_accepted, failures = self._sample(sampling, logits)
         done = time.time()
+        for seq, error in failures:  # rows the sampler could not use fail alone
+            self.scheduler.remove(seq)
+            seq.finish_reason = "abort"
+            if (final := self._finish(seq, done, [])) is not None:
+                final.error = error
+                outputs.append(final)
         for seq, tokens, num_drafted in appends:
             new_tokens: list[int] = []
             finished = False
@@ -334,9 +340,10 @@ class LLMEngine:
 
     def _sample(
         self, sampling: list[ScheduledSequence], logits: torch.Tensor
-    ) -> tuple[list[Append], int]:
+    ) -> tuple[list[Append], int, list[tuple[Sequence, str]]]:
         """Tokens to append per sampling sequence: one drawn by the sampler, or the verified
-        drafts plus one; forked samples of n > 1 requests draw from their leader's row."""
+        drafts plus one; forked samples of n > 1 requests draw from their leader's row.
+        Also the sequences whose row the sampler refused, with its error."""
         plain_rows: list[int] = []
         draft_rows: list[int] = []
         row = 0
@@ -348,10 +355,14 @@ class LLMEngine:
             row += 1 + s.num_draft_tokens
         plain = [s for s in sampling if not s.num_draft_tokens]
         appends: list[Append] = []
+        failures: list[tuple[Sequence, str]] = []
         if plain:
             rows_logits = logits if not draft_rows else logits[plain_rows]  # [num_plain, vocab]
             drawn = self.sampler.sample(rows_logits, [s.seq for s in plain])
             for i, s in enumerate(plain):
+                if drawn.errors[i]:
+                    failures.append((s.seq, drawn.errors[i] or ""))
+                    continue
                 appends.append((s.seq, [(drawn.token_ids[i], drawn.logprobs[i])], 0))
                 group = self.groups.get(s.seq.group_id or "")
                 if group is not None and not group.forked:
@@ -370,7 +381,7 @@ class LLMEngine:
                 num_accepted += len(kept) - 1
                 appends.append((s.seq, [(t, None) for t in kept], s.num_draft_tokens))
                 s.seq.draft_token_ids = []
-        return appends, num_accepted
+        return appends, num_accepted, failures
 
     def _check_stop(self, seq: Sequence) -> bool:
         """Apply the stop checker after one appended token; True when the sequence ends."""
