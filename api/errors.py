@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from worker.protocol.limits import LimitError
 from worker.protocol.openai_batch import error_object
 from worker.protocol.sampling_params import InvalidRequestError
 
@@ -28,8 +29,10 @@ class ApiError(Exception):
         code: str | None = None,
         param: str | None = None,
         type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers
         self.status = status
         self.message = message
         self.code = code
@@ -40,6 +43,8 @@ class ApiError(Exception):
 def _type_for(status: int) -> str:
     if status == 401:
         return "authentication_error"
+    if status == 403:
+        return "permission_error"
     if status == 404:
         return "not_found_error"
     if status == 429:
@@ -85,7 +90,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return error_response(
-            exc.status, exc.message, code=exc.code, param=exc.param, type=exc.type
+            exc.status,
+            exc.message,
+            code=exc.code,
+            param=exc.param,
+            type=exc.type,
+            headers=exc.headers,
         )
 
     @app.exception_handler(InvalidRequestError)
@@ -96,6 +106,10 @@ def install_error_handlers(app: FastAPI) -> None:
             code=getattr(exc, "code", "invalid_request"),
             param=getattr(exc, "param", None),
         )
+
+    @app.exception_handler(LimitError)
+    async def _limit(_: Request, exc: LimitError) -> JSONResponse:
+        return error_response(400, str(exc), code=exc.code, param=exc.param)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -109,10 +123,16 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(DataError)
-    async def _data(_: Request, exc: DataError) -> JSONResponse:
-        reason = str(getattr(exc, "orig", exc)).splitlines()[0]
+    async def _data(request: Request, exc: DataError) -> JSONResponse:
+        # The database's own text names internals (and may quote the value): not sent.
+        log.warning(
+            "store refused a value on %s %s: %s",
+            request.method,
+            request.url.path,
+            type(getattr(exc, "orig", exc)).__name__,
+        )
         return error_response(
-            400, f"a value in the request cannot be stored: {reason}", code="invalid_value"
+            400, "a value in the request cannot be stored", code="invalid_value"
         )
 
     @app.exception_handler(Exception)

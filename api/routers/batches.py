@@ -11,6 +11,7 @@ from api.context import Context
 from api.control.celery_app import send
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, not_found
+from api.quotas import check_batch_quota
 from api.schemas import BatchCreate
 from api.views import batch_view
 from worker.store.base import utcnow
@@ -54,6 +55,7 @@ def create(
     *, payload: BatchCreate, request: Request, ctx: CtxDep, tenant: TenantDep
 ) -> dict[str, Any]:
     """Create a batch from an uploaded JSONL file; its lines become jobs."""
+    check_batch_quota(ctx, tenant)
     with ctx.session_factory.begin() as session:
         f = get_file(session=session, file_id=payload.input_file_id, tenant=tenant)
         if f is None:
@@ -118,7 +120,13 @@ def list_all(
     ctx: CtxDep,
     tenant: TenantDep,
 ) -> dict[str, Any]:
-    """The tenant's batches, newest first (cursor: ``after`` = last id seen)."""
+    """The tenant's batches, newest first (cursor: ``after`` = last id seen, one of the
+    tenant's own batches)."""
+    if after is not None:
+        with ctx.reads() as session:
+            anchor = get_batch(session=session, batch_id=after)
+        if anchor is None or anchor.tenant != tenant:
+            raise ApiError(404, f"No batch with id {after!r}", code="not_found", param="after")
     with ctx.session_factory() as session:
         rows = list_batches(session=session, tenant=tenant, limit=limit + 1, after=after)
     has_more = len(rows) > limit

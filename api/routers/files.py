@@ -9,6 +9,7 @@ from fastapi.responses import StreamingResponse
 
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, not_found
+from api.quotas import check_storage_quota
 from api.storage import FileTooLarge
 from api.views import file_view
 from worker.store.crud.files import create_file, get_file, list_files, new_file_id
@@ -42,7 +43,12 @@ def upload(
     if size == 0:
         path.unlink(missing_ok=True)
         raise ApiError(400, "the file is empty", code="empty_file", param="file")
-    name = (file.filename or "upload.jsonl")[:512]
+    try:
+        check_storage_quota(ctx, tenant, size)
+    except ApiError:
+        path.unlink(missing_ok=True)
+        raise
+    name = _safe_filename(file.filename)
     with ctx.session_factory.begin() as session:
         row = create_file(
             session=session,
@@ -92,3 +98,13 @@ def content(*, file_id: str, ctx: CtxDep, tenant: TenantDep) -> StreamingRespons
         media_type="application/jsonl",
         headers={"Content-Length": str(row.bytes)},
     )
+
+
+def _safe_filename(name: str | None) -> str:
+    """The uploaded name, at most 512 characters, without control characters or
+    characters UTF-8 cannot store (replaced by ``_``)."""
+    raw = (name or "upload.jsonl")[:512]
+    cleaned = "".join(
+        "_" if ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF else c for c in raw
+    )
+    return cleaned or "upload.jsonl"

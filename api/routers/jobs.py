@@ -13,11 +13,14 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
 
 from api.context import Context
+from api.control.destinations import DestinationRefused, resolve
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, not_found
 from api.limits import check_request_limits
+from api.quotas import check_job_quotas
 from api.schemas import JobCreate, openai_body
 from api.views import job_view
+from worker.protocol.limits import check_id
 from worker.protocol.openai_batch import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, parse_request_body
 from worker.queue.cancel import request_cancel
 from worker.queue.message import JobMessage
@@ -28,6 +31,7 @@ from worker.store.crud.api_jobs import (
     get_api_job,
     get_job_with_meta,
 )
+from worker.store.crud.batches import get_batch
 from worker.store.crud.jobs import create_jobs, get_job, list_jobs, new_job_id
 from worker.store.models import Job
 from worker.store.schemas import NewJob
@@ -89,7 +93,21 @@ def create_job(
         req,
         max_prompt_tokens=ctx.settings.max_prompt_tokens,
         max_tokens_limit=ctx.settings.max_tokens_limit,
+        max_model_len=ctx.settings.max_model_len,
     )
+    if payload.custom_id is not None:
+        check_id(payload.custom_id, param="custom_id")
+    if idempotency_key is not None:
+        check_id(idempotency_key, param="Idempotency-Key")
+    if payload.idempotency_key is not None:
+        check_id(payload.idempotency_key, param="idempotency_key")
+    if payload.callback_url is not None:
+        try:
+            resolve(payload.callback_url, allow_hosts=ctx.settings.webhook_allow_hosts)
+        except DestinationRefused as exc:
+            raise ApiError(
+                400, str(exc), code="invalid_callback_url", param="callback_url"
+            ) from None
     key = idempotency_key or payload.idempotency_key
     digest = hashlib.sha256(
         json.dumps(
@@ -109,6 +127,7 @@ def create_job(
         replay = _replay(ctx, tenant, key, digest)
         if replay is not None:
             return replay
+    check_job_quotas(ctx, tenant)
     job = NewJob(
         request={"url": endpoint, "body": body},
         tenant=tenant,
@@ -171,6 +190,13 @@ def list_all(
     tenant: TenantDep,
 ) -> dict[str, Any]:
     """The tenant's jobs in queue order, filtered by status and batch, paginated."""
+    if batch_id is not None:
+        with ctx.reads() as session:
+            batch = get_batch(session=session, batch_id=batch_id)
+        if batch is None or batch.tenant != tenant:
+            raise ApiError(
+                404, f"No batch with id {batch_id!r}", code="not_found", param="batch_id"
+            )
     with ctx.session_factory() as session:
         rows = list_jobs(
             session=session,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator
-from typing import TextIO
+from typing import BinaryIO
 
 CHUNK = 1000
 
@@ -32,7 +32,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _lines(stream: TextIO) -> Iterator[tuple[int, str]]:
+def _lines(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    """Numbered non-blank lines, as bytes (the parser reports bad UTF-8 per line)."""
     for i, line in enumerate(stream, start=1):
         if line.strip():
             yield i, line
@@ -40,6 +41,7 @@ def _lines(stream: TextIO) -> Iterator[tuple[int, str]]:
 
 def run(args: argparse.Namespace) -> int:
     """Enqueue the file; 0 if every line was enqueued, 1 if some were invalid."""
+    from worker.protocol.limits import LimitError, check_tenant
     from worker.protocol.openai_batch import RequestParseError, parse_request_line
     from worker.protocol.sampling_params import QUEUED_N_UNSUPPORTED
     from worker.queue.connection import make_redis, redis_url
@@ -49,6 +51,11 @@ def run(args: argparse.Namespace) -> int:
     from worker.store.schemas import NewJob
     from worker.telemetry.setup import configure_telemetry, shutdown_telemetry
 
+    try:
+        check_tenant(args.tenant)
+    except LimitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     configure_telemetry("inflight-enqueue")
     db = make_engine(url=database_url(args.database_url))
     session_factory = make_session_factory(engine=db)
@@ -68,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             total += len(ids)
             pending.clear()
 
-    stream = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")  # noqa: SIM115
+    stream = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # noqa: SIM115
     try:
         for number, line in _lines(stream):
             try:
@@ -97,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
                 flush()
         flush()
     finally:
-        if stream is not sys.stdin:
+        if stream is not sys.stdin.buffer:
             stream.close()
         client.close()
         db.dispose()
