@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from api.context import Context
 from api.control.celery_app import send
 from api.deps import CtxDep, TenantDep
-from api.errors import ApiError, not_found
+from api.errors import ApiError, known_id, not_found
 from api.quotas import check_batch_quota
 from api.schemas import BatchCreate
 from api.views import batch_view
@@ -27,6 +27,7 @@ _LIVE = ("validating", "in_progress", "cancelling", "finalizing")
 
 
 def _owned(ctx: Context, tenant: str, batch_id: str) -> Batch:
+    known_id("batch", batch_id)
     with ctx.session_factory() as session:
         batch = get_batch(session=session, batch_id=batch_id)
     if batch is None or batch.tenant != tenant:
@@ -57,9 +58,10 @@ def create(
     """Create a batch from an uploaded JSONL file; its lines become jobs."""
     check_batch_quota(ctx, tenant)
     with ctx.session_factory.begin() as session:
+        known_id("file", payload.input_file_id, param="input_file_id")
         f = get_file(session=session, file_id=payload.input_file_id, tenant=tenant)
         if f is None:
-            raise not_found("file", payload.input_file_id)
+            raise not_found("file", payload.input_file_id, param="input_file_id")
         if f.purpose != "batch":
             raise ApiError(
                 400,
@@ -123,10 +125,11 @@ def list_all(
     """The tenant's batches, newest first (cursor: ``after`` = last id seen, one of the
     tenant's own batches)."""
     if after is not None:
+        known_id("batch", after, param="after")
         with ctx.reads() as session:
             anchor = get_batch(session=session, batch_id=after)
         if anchor is None or anchor.tenant != tenant:
-            raise ApiError(404, f"No batch with id {after!r}", code="not_found", param="after")
+            raise not_found("batch", after, param="after")
     with ctx.session_factory() as session:
         rows = list_batches(session=session, tenant=tenant, limit=limit + 1, after=after)
     has_more = len(rows) > limit

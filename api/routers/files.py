@@ -8,7 +8,7 @@ from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
 
 from api.deps import CtxDep, TenantDep
-from api.errors import ApiError, not_found
+from api.errors import ApiError, known_id, not_found
 from api.quotas import check_storage_quota
 from api.storage import FileTooLarge
 from api.views import file_view
@@ -75,6 +75,7 @@ def list_all(
 @router.get("/{file_id}")
 def get_one(*, file_id: str, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
     """A file's metadata."""
+    known_id("file", file_id)
     with ctx.session_factory() as session:
         row = get_file(session=session, file_id=file_id, tenant=tenant)
     if row is None:
@@ -89,6 +90,7 @@ def get_one(*, file_id: str, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
 )
 def content(*, file_id: str, ctx: CtxDep, tenant: TenantDep) -> StreamingResponse:
     """A file's bytes, streamed."""
+    known_id("file", file_id)
     with ctx.session_factory() as session:
         row = get_file(session=session, file_id=file_id, tenant=tenant)
     if row is None:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from api.context import Context
 from api.control.destinations import DestinationRefused, resolve
 from api.deps import CtxDep, TenantDep
-from api.errors import ApiError, not_found
+from api.errors import ApiError, known_id, not_found
 from api.limits import check_request_limits
 from api.quotas import check_job_quotas
 from api.schemas import JobCreate, openai_body
@@ -44,6 +44,7 @@ JobStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
 def _owned_job(ctx: Context, tenant: str, job_id: str) -> Job:
+    known_id("job", job_id)
     with ctx.session_factory() as session:
         job = get_job(session=session, job_id=job_id)
     if job is None or job.tenant != tenant:
@@ -172,6 +173,7 @@ def create_job(
 @router.get("/{job_id}")
 def get_one(*, job_id: str, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
     """A job: status, timeline, result (the OpenAI response body) and usage."""
+    known_id("job", job_id)
     with ctx.reads() as session:
         found = get_job_with_meta(session=session, job_id=job_id)
     if found is None or found[0].tenant != tenant:
@@ -191,12 +193,11 @@ def list_all(
 ) -> dict[str, Any]:
     """The tenant's jobs in queue order, filtered by status and batch, paginated."""
     if batch_id is not None:
+        known_id("batch", batch_id, param="batch_id")
         with ctx.reads() as session:
             batch = get_batch(session=session, batch_id=batch_id)
         if batch is None or batch.tenant != tenant:
-            raise ApiError(
-                404, f"No batch with id {batch_id!r}", code="not_found", param="batch_id"
-            )
+            raise not_found("batch", batch_id, param="batch_id")
     with ctx.session_factory() as session:
         rows = list_jobs(
             session=session,
