@@ -133,7 +133,10 @@ def test_engine_fails_a_poisoned_request_alone() -> None:
     batch-mates finish with the same tokens as when run without it, and no step raises."""
     from worker.engine.llm_engine import LLMEngine
 
-    engine = LLMEngine(model="tiny-llama", num_kv_blocks=128, max_num_seqs=8)
+    engine = LLMEngine(
+        model="tiny-llama", num_kv_blocks=128, max_num_seqs=8, attention_backend="torch",
+        prepack_weights=False,
+    )
     execute = engine.runner.execute
 
     def poisoned(scheduled):  # a "bad" row's logits become NaN at its 3rd token

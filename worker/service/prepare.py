@@ -45,7 +45,7 @@ def prepare(*, engine: Tokenizes, stored: dict[str, Any]) -> Prepared:
         return Prepared(engine.tokenize(prompt=req.prompt), req.params, req.prompt)
     except Exception as exc:
         cause = exc.__cause__ or exc
-        log.debug("tokenizer refused a request: %r", cause)
+        log.debug("tokenizer refused a request: %s", type(cause).__name__)  # no prompt text
         raise InvalidRequestError(
             "the model's tokenizer or chat template could not process this request "
             f"({type(cause).__name__}); check the roles and content of the messages"
