@@ -11,12 +11,13 @@ from api.context import Context
 from api.control.celery_app import send
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, known_id, not_found
+from api.ownership import owned_batch
 from api.quotas import check_batch_quota
 from api.schemas import BatchCreate
 from api.views import batch_view
 from worker.store.base import utcnow
 from worker.store.crud.batch_admin import get_progress, list_batches
-from worker.store.crud.batches import create_batch, get_batch
+from worker.store.crud.batches import create_batch
 from worker.store.crud.files import get_file
 from worker.store.crud.jobs import count_by_status
 from worker.store.models import Batch
@@ -27,12 +28,7 @@ _LIVE = ("validating", "in_progress", "cancelling", "finalizing")
 
 
 def _owned(ctx: Context, tenant: str, batch_id: str) -> Batch:
-    known_id("batch", batch_id)
-    with ctx.session_factory() as session:
-        batch = get_batch(session=session, batch_id=batch_id)
-    if batch is None or batch.tenant != tenant:
-        raise not_found("batch", batch_id)
-    return batch
+    return owned_batch(ctx, tenant, batch_id)
 
 
 def _live_view(ctx: Context, batch: Batch) -> tuple[dict[str, Any], bool]:
@@ -125,11 +121,7 @@ def list_all(
     """The tenant's batches, newest first (cursor: ``after`` = last id seen, one of the
     tenant's own batches)."""
     if after is not None:
-        known_id("batch", after, param="after")
-        with ctx.reads() as session:
-            anchor = get_batch(session=session, batch_id=after)
-        if anchor is None or anchor.tenant != tenant:
-            raise not_found("batch", after, param="after")
+        owned_batch(ctx, tenant, after, param="after")
     with ctx.session_factory() as session:
         rows = list_batches(session=session, tenant=tenant, limit=limit + 1, after=after)
     has_more = len(rows) > limit

@@ -17,6 +17,7 @@ from api.control.destinations import DestinationRefused, resolve
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, known_id, not_found
 from api.limits import check_request_limits
+from api.ownership import owned_batch
 from api.quotas import check_job_quotas
 from api.schemas import JobCreate, openai_body
 from api.views import job_view
@@ -31,7 +32,6 @@ from worker.store.crud.api_jobs import (
     get_api_job,
     get_job_with_meta,
 )
-from worker.store.crud.batches import get_batch
 from worker.store.crud.jobs import create_jobs, get_job, list_jobs, new_job_id
 from worker.store.models import Job
 from worker.store.schemas import NewJob
@@ -193,11 +193,7 @@ def list_all(
 ) -> dict[str, Any]:
     """The tenant's jobs in queue order, filtered by status and batch, paginated."""
     if batch_id is not None:
-        known_id("batch", batch_id, param="batch_id")
-        with ctx.reads() as session:
-            batch = get_batch(session=session, batch_id=batch_id)
-        if batch is None or batch.tenant != tenant:
-            raise not_found("batch", batch_id, param="batch_id")
+        owned_batch(ctx, tenant, batch_id, param="batch_id")
     with ctx.session_factory() as session:
         rows = list_jobs(
             session=session,
