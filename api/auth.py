@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import threading
 import time
 
@@ -10,37 +11,38 @@ from fastapi import Request
 from api.errors import ApiError
 from worker.store.crud.api_keys import hash_key, tenant_for_key
 
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
 
 class KeyCache:
-    """Key hash -> (tenant, expiry): status polls do not hit SQL for the key every time.
-    A revoked key stops working within ``ttl`` seconds."""
+    """Key hash -> ((tenant, read_only), expiry): status polls do not hit SQL for the key
+    every time. A revoked key stops working within ``ttl`` seconds."""
 
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
-        self._items: dict[str, tuple[str, float]] = {}
+        self._items: dict[str, tuple[tuple[str, bool], float]] = {}
         self._lock = threading.Lock()
 
-    def get(self, digest: str) -> str | None:
-        """The cached tenant, or None when absent or stale."""
+    def get(self, digest: str) -> tuple[str, bool] | None:
+        """The cached (tenant, read_only), or None when absent or stale."""
         item = self._items.get(digest)
         if item is None or item[1] < time.monotonic():
             return None
         return item[0]
 
-    def put(self, digest: str, tenant: str) -> None:
+    def put(self, digest: str, principal: tuple[str, bool]) -> None:
         """Remember a resolved key."""
         with self._lock:
             if len(self._items) > 10_000:
                 self._items.clear()
-            self._items[digest] = (tenant, time.monotonic() + self.ttl)
+            self._items[digest] = (principal, time.monotonic() + self.ttl)
 
 
 def _unauthorized(message: str) -> ApiError:
     return ApiError(401, message, code="invalid_api_key", type="authentication_error")
 
 
-def current_tenant(request: Request) -> str:
-    """FastAPI dependency: the tenant of the request's API key (401 otherwise)."""
+def _bearer(request: Request) -> str:
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     if not header:
@@ -48,18 +50,50 @@ def current_tenant(request: Request) -> str:
             "Missing API key: send 'Authorization: Bearer <key>' (create one "
             "with `inflight keys create --tenant T`)"
         )
-    if scheme.lower() != "bearer" or not key.strip():
+    if scheme.lower() != "bearer" or not key.strip() or len(key) > 256:
         raise _unauthorized("Malformed Authorization header: expected 'Bearer <key>'")
-    key = key.strip()
+    return key.strip()
+
+
+def current_tenant(request: Request) -> str:
+    """FastAPI dependency: the tenant of the request's API key (401 otherwise; 403 for a
+    read-only key on anything but a read)."""
+    key = _bearer(request)
     ctx = request.app.state.ctx
     cache: KeyCache = request.app.state.key_cache
     digest = hash_key(key)
-    tenant = cache.get(digest)
-    if tenant is None:
+    principal = cache.get(digest)
+    if principal is None:
         with ctx.session_factory() as session:
-            tenant = tenant_for_key(session=session, key=key)
-        if tenant is None:
+            principal = tenant_for_key(session=session, key=key)
+        if principal is None:
             raise _unauthorized("Incorrect or revoked API key")
-        cache.put(digest, tenant)
+        cache.put(digest, principal)
+    tenant, read_only = principal
+    if read_only and request.method not in READ_METHODS:
+        raise ApiError(
+            403,
+            "this API key is read-only; use a key created without --read-only to "
+            f"{request.method} here",
+            code="permission_denied",
+            type="permission_error",
+        )
     request.state.tenant = tenant
     return tenant
+
+
+def require_operator(request: Request) -> None:
+    """FastAPI dependency for operator endpoints: the bearer must be the configured
+    ``operator_key`` (403 when none is configured, 401 when it does not match)."""
+    expected = request.app.state.settings.operator_key
+    if not expected:
+        raise ApiError(
+            403,
+            "this endpoint is for operators and no operator key is configured "
+            "(set INFLIGHT_OPERATOR_KEY)",
+            code="permission_denied",
+            type="permission_error",
+        )
+    key = _bearer(request)
+    if not hmac.compare_digest(key.encode(), expected.encode()):
+        raise _unauthorized("Incorrect operator key")

@@ -21,8 +21,17 @@ def _tenant(request: Request) -> str:
     return current_tenant(request)
 
 
+def _operator(request: Request) -> None:
+    from api.auth import require_operator
+
+    require_operator(request)
+
+
 CtxDep = Annotated[Context, Depends(get_ctx)]
 """The app's Context, as an endpoint parameter type."""
 
 TenantDep = Annotated[str, Depends(_tenant)]
 """The authenticated tenant, as an endpoint parameter type."""
+
+OperatorDep = Annotated[None, Depends(_operator)]
+"""Requires the operator key (``/metrics``, ``/v1/workers``)."""

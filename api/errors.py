@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from worker.protocol.limits import LimitError
 from worker.protocol.openai_batch import error_object
 from worker.protocol.sampling_params import InvalidRequestError
 
@@ -31,6 +32,7 @@ class ApiError(Exception):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers
         self.status = status
         self.message = message
         self.code = code
@@ -42,6 +44,8 @@ class ApiError(Exception):
 def _type_for(status: int) -> str:
     if status == 401:
         return "authentication_error"
+    if status == 403:
+        return "permission_error"
     if status == 404:
         return "not_found_error"
     if status == 429:
@@ -51,9 +55,21 @@ def _type_for(status: int) -> str:
     return "invalid_request_error"
 
 
-def not_found(kind: str, object_id: str) -> ApiError:
+_HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
+
+
+def not_found(kind: str, object_id: str, *, param: str = "id") -> ApiError:
     """The 404 for an id that does not exist or belongs to another tenant."""
-    return ApiError(404, f"No {kind} with id {object_id!r}", code="not_found", param="id")
+    shown = object_id if len(object_id) <= 80 else object_id[:77] + "..."
+    return ApiError(404, f"No {kind} with id {shown!r}", code="not_found", param=param)
+
+
+def known_id(kind: str, object_id: str, *, param: str = "id") -> str:
+    """``object_id`` when it could name a stored object (1-64 printable characters);
+    else the 404 at once, before it reaches SQL."""
+    if not 0 < len(object_id) <= 64 or not object_id.isprintable() or not object_id.isascii():
+        raise not_found(kind, object_id, param=param)
+    return object_id
 
 
 def error_response(
@@ -75,6 +91,10 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if not errors:
         return "invalid request", None
     first = errors[0]
+    if first.get("type") == "json_invalid":  # loc holds a character offset, not a field
+        where = [p for p in first.get("loc", ()) if isinstance(p, int)]
+        at = f" at character {where[0]}" if where else ""
+        return f"malformed JSON body{at}", None
     loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
     param = ".".join(loc) or None
     msg = str(first.get("msg", "invalid value"))
@@ -104,6 +124,10 @@ def install_error_handlers(app: FastAPI) -> None:
             param=getattr(exc, "param", None),
         )
 
+    @app.exception_handler(LimitError)
+    async def _limit(_: Request, exc: LimitError) -> JSONResponse:
+        return error_response(400, str(exc), code=exc.code, param=exc.param)
+
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
@@ -112,14 +136,23 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(
-            exc.status_code, str(exc.detail), code=None, headers=getattr(exc, "headers", None)
+            exc.status_code,
+            str(exc.detail),
+            code=_HTTP_CODES.get(exc.status_code),
+            headers=getattr(exc, "headers", None),
         )
 
     @app.exception_handler(DataError)
-    async def _data(_: Request, exc: DataError) -> JSONResponse:
-        reason = str(getattr(exc, "orig", exc)).splitlines()[0]
+    async def _data(request: Request, exc: DataError) -> JSONResponse:
+        # The database's own text names internals (and may quote the value): not sent.
+        log.warning(
+            "store refused a value on %s %s: %s",
+            request.method,
+            request.url.path,
+            type(getattr(exc, "orig", exc)).__name__,
+        )
         return error_response(
-            400, f"a value in the request cannot be stored: {reason}", code="invalid_value"
+            400, "a value in the request cannot be stored", code="invalid_value"
         )
 
     @app.exception_handler(Exception)

@@ -4,12 +4,12 @@ Content-Length header), and request estimates used by the job limits."""
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import ApiError
+from worker.protocol.limits import prompt_token_upper_bound
 from worker.protocol.openai_batch import GenerationRequest
 from worker.protocol.sampling_params import QUEUED_N_UNSUPPORTED
 
@@ -43,18 +43,27 @@ class BodySizeLimit:
                     return
         seen = 0
         started = False
+        overflow = False
 
         async def counting_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, overflow
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
+                    overflow = True
                     raise BodyTooLarge()
             return message
 
         async def tracking_send(message: Message) -> None:
+            # A framework that turns the BodyTooLarge raised while it read the body into
+            # its own error (FastAPI answers 400) still ends as our 413.
             nonlocal started
+            if overflow:
+                if message["type"] == "http.response.start" and not started:
+                    started = True
+                    await _send_413(send, limit)
+                return
             if message["type"] == "http.response.start":
                 started = True
             await send(message)
@@ -90,17 +99,22 @@ async def _send_413(send: Send, limit: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def estimate_prompt_tokens(req: GenerationRequest) -> int:
-    """Token count of the prompt: exact for token-id prompts, else an estimate of one
-    token per 4 characters (the worker still refuses a prompt longer than its context)."""
+def prompt_token_bound(req: GenerationRequest) -> int:
+    """Tokens the prompt can take at most: exact for token-id prompts, else the strict
+    upper bound of :func:`prompt_token_upper_bound` (one token per UTF-8 byte plus the
+    chat template), so nothing admitted here is too long for the model."""
     if isinstance(req.prompt, list):
         return len(req.prompt)
     if isinstance(req.prompt, str):
-        return math.ceil(len(req.prompt) / 4)
-    chars = 0
-    for message in req.messages or []:
-        chars += len(_text_of(message.get("content")))
-    return math.ceil(chars / 4)
+        return prompt_token_upper_bound(
+            text_bytes=len(req.prompt.encode("utf-8")), num_messages=0
+        )
+    messages = req.messages or []
+    size = sum(
+        len(_text_of(m.get("content")).encode("utf-8")) + len(str(m.get("name") or "").encode())
+        for m in messages
+    )
+    return prompt_token_upper_bound(text_bytes=size, num_messages=len(messages))
 
 
 def _text_of(content: Any) -> str:
@@ -112,10 +126,15 @@ def _text_of(content: Any) -> str:
 
 
 def check_request_limits(
-    req: GenerationRequest, *, max_prompt_tokens: int, max_tokens_limit: int
+    req: GenerationRequest,
+    *,
+    max_prompt_tokens: int,
+    max_tokens_limit: int,
+    max_model_len: int | None = None,
 ) -> None:
     """Refuse what the queued service cannot serve (ApiError 400): ``n`` > 1, prompts and
-    max_tokens beyond the configured bounds."""
+    max_tokens beyond the configured bounds, and (when the served model's context
+    ``max_model_len`` is configured) a prompt bound plus max_tokens that cannot fit."""
     if req.params.n > 1:
         raise ApiError(
             400,
@@ -123,20 +142,31 @@ def check_request_limits(
             code="invalid_value",
             param="n",
         )
-    est = estimate_prompt_tokens(req)
-    if est > max_prompt_tokens:
+    prompt_param = "messages" if req.is_chat else "prompt"
+    bound = prompt_token_bound(req)
+    exact = isinstance(req.prompt, list)
+    how = f"{bound} tokens" if exact else f"up to {bound} tokens (one per UTF-8 byte at most)"
+    if bound > max_prompt_tokens:
         raise ApiError(
             400,
-            f"prompt is too long: about {est} tokens, the limit is {max_prompt_tokens}",
+            f"prompt is too long: {how}, the limit is {max_prompt_tokens}",
             code="prompt_too_long",
-            param="messages" if req.is_chat else "prompt",
+            param=prompt_param,
         )
     max_tokens = req.params.max_tokens
+    param = "max_completion_tokens" if "max_completion_tokens" in req.body else "max_tokens"
     if max_tokens is not None and max_tokens > max_tokens_limit:
-        param = "max_completion_tokens" if "max_completion_tokens" in req.body else "max_tokens"
         raise ApiError(
             400,
             f"{param}={max_tokens} is above the limit of {max_tokens_limit}",
             code="invalid_value",
             param=param,
+        )
+    if max_model_len is not None and bound + (max_tokens or 1) > max_model_len:
+        raise ApiError(
+            400,
+            f"prompt ({how}) + {param} ({max_tokens or 1}) can exceed the model's context "
+            f"of {max_model_len} tokens",
+            code="prompt_too_long",
+            param=prompt_param,
         )

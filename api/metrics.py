@@ -9,6 +9,10 @@ from collections import defaultdict
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+# Methods counted under their own name; any other method string is counted as OTHER,
+# so a client cannot create metric series at will.
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -93,7 +97,8 @@ class MetricsMiddleware:
             await self.app(scope, receive, tracking_send)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.observe(scope["method"], route, status, time.perf_counter() - start)
+            method = scope["method"] if scope["method"] in KNOWN_METHODS else "OTHER"
+            self.metrics.observe(method, route, status, time.perf_counter() - start)
 
 
 def gauge_lines(name: str, help_text: str, samples: list[tuple[str, float]]) -> list[str]:

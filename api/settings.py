@@ -55,6 +55,18 @@ class Settings:
     reconcile_grace: float = 30.0
     worker_timeout: float = 30.0
     auth_cache_ttl: float = 30.0
+    max_model_len: int | None = None  # the served model's context; when set, enforced here
+    operator_key: str | None = None  # guards /metrics and /v1/workers; unset: they answer 403
+    docs_enabled: bool = True  # /docs, /redoc and /openapi.json
+    # Per-tenant quotas (0 turns one off); answered with 429 and Retry-After.
+    quota_queued_jobs: int = 100_000  # jobs queued or running
+    quota_jobs_per_minute: int = 6_000  # jobs submitted through POST /v1/jobs
+    quota_open_batches: int = 100  # batches not yet ended
+    quota_stored_bytes: int = 10 << 30  # bytes of uploaded files
+    # Webhook destinations that resolve to loopback, private, link-local or multicast
+    # addresses are refused unless their host is named here (exact host names or IPs).
+    webhook_allow_hosts: tuple[str, ...] = ()
+    webhook_total_timeout: float = 10.0  # one delivery, connect to last byte
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -78,6 +90,19 @@ class Settings:
             webhook_max_attempts=_env_int("INFLIGHT_WEBHOOK_MAX_ATTEMPTS", 6),
             webhook_backoff=_env_float("INFLIGHT_WEBHOOK_BACKOFF", 2.0),
             iteration_retention_days=_env_float("INFLIGHT_ITERATION_RETENTION_DAYS", 7.0),
+            max_model_len=_env_int("INFLIGHT_MAX_MODEL_LEN", 0) or None,
+            operator_key=os.environ.get("INFLIGHT_OPERATOR_KEY") or None,
+            docs_enabled=_env_bool("INFLIGHT_DOCS", True),
+            quota_queued_jobs=_env_int("INFLIGHT_QUOTA_QUEUED_JOBS", 100_000),
+            quota_jobs_per_minute=_env_int("INFLIGHT_QUOTA_JOBS_PER_MINUTE", 6_000),
+            quota_open_batches=_env_int("INFLIGHT_QUOTA_OPEN_BATCHES", 100),
+            quota_stored_bytes=_env_int("INFLIGHT_QUOTA_STORED_BYTES", 10 << 30),
+            webhook_allow_hosts=tuple(
+                h.strip().lower()
+                for h in os.environ.get("INFLIGHT_WEBHOOK_ALLOW_HOSTS", "").split(",")
+                if h.strip()
+            ),
+            webhook_total_timeout=_env_float("INFLIGHT_WEBHOOK_TOTAL_TIMEOUT", 10.0),
         )
         for name, value in overrides.items():
             if value is not None:

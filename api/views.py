@@ -53,7 +53,7 @@ def job_view(
     job: Job, *, model_name: str, meta: ApiJob | None = None, full: bool = True
 ) -> dict[str, Any]:
     """The job object: status, timeline, result and usage."""
-    endpoint, _ = split_stored(job.request)
+    endpoint, body = split_stored(job.request)
     out: dict[str, Any] = {
         "id": job.id,
         "object": "job",
@@ -71,6 +71,8 @@ def job_view(
             "finished_at": _epoch_f(job.finished_at),
         },
         "attempts": job.attempts,
+        "metadata": body.get("metadata"),
+        "user": body.get("user"),
         "worker_id": job.worker_id,
         "usage": usage(job),
         "error": (

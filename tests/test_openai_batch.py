@@ -178,8 +178,7 @@ def test_unknown_field_is_named_with_line_and_custom_id():
 
 
 def test_unknown_field_in_batch_body_and_line():
-    assert "unknown field 'logit_bias'" in str(refuse(batch_line({"messages": USER,
-                                                                  "logit_bias": {}})))
+    assert "unknown field 'tools'" in str(refuse(batch_line({"messages": USER, "tools": []})))
     err = refuse(line({"custom_id": "c", "method": "POST", "url": CHAT_ENDPOINT,
                        "body": {"messages": USER}, "temperature": 0}))
     assert "unknown field 'temperature' in a batch line" in str(err)
@@ -192,10 +191,10 @@ def test_unknown_field_in_batch_body_and_line():
     ({"temperature": 0}, None, 'needs "prompt" (completion) or "messages" (chat)'),
     ({"prompt": "x", "max_completion_tokens": 3}, "max_completion_tokens", "use max_tokens"),
     ({"prompt": "x", "top_logprobs": 3}, "top_logprobs", "is a /v1/chat/completions field"),
-    ({"prompt": "x", "temperature": -1}, "temperature", "temperature=-1: must be a number >= 0"),
+    ({"prompt": "x", "temperature": -1}, "temperature", "temperature=-1: must be a number in [0, 100]"),
     ({"prompt": "x", "top_p": 0}, "top_p", "top_p=0: must be in (0, 1]"),
     ({"prompt": "x", "n": 17}, "n", "must be an integer in [1, 16]"),
-    ({"prompt": "x", "max_tokens": 0}, "max_tokens", "max_tokens=0: must be an integer >= 1"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens", "max_tokens=0: must be an integer in [1, 1048576]"),
     ({"prompt": "x", "max_tokens": "5"}, "max_tokens", "max_tokens must be an integer"),
     ({"prompt": "x", "max_tokens": True}, "max_tokens", "max_tokens must be an integer"),
     ({"prompt": "x", "ignore_eos": "yes"}, "ignore_eos", "must be true or false"),
@@ -218,7 +217,7 @@ def test_unknown_field_in_batch_body_and_line():
     ({"prompt": []}, "prompt", "non-empty string or a non-empty list of token ids"),
     ({"prompt": ["a", "b"]}, "prompt", "one request per prompt"),
     ({"prompt": [[1], [2]]}, "prompt", "one request per prompt"),
-    ({"prompt": [1, -2]}, "prompt", ">= 0"),
+    ({"prompt": [1, -2]}, "prompt", "in [0, 2**31)"),
     ({"prompt": {"a": 1}}, "prompt", "got an object"),
     ({"prompt": None}, "prompt", "prompt is required"),
     ({"messages": []}, "messages", "non-empty list"),

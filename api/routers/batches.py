@@ -11,12 +11,14 @@ from api.admission import admit_or_refuse
 from api.context import Context
 from api.control.celery_app import send
 from api.deps import CtxDep, TenantDep
-from api.errors import ApiError, not_found
+from api.errors import ApiError, known_id, not_found
+from api.ownership import owned_batch
+from api.quotas import check_batch_quota
 from api.schemas import BatchCreate
 from api.views import batch_view
 from worker.store.base import utcnow
 from worker.store.crud.batch_admin import get_progress, list_batches
-from worker.store.crud.batches import create_batch, get_batch
+from worker.store.crud.batches import create_batch
 from worker.store.crud.files import get_file
 from worker.store.crud.jobs import count_by_status
 from worker.store.models import Batch
@@ -27,11 +29,7 @@ _LIVE = ("validating", "in_progress", "cancelling", "finalizing")
 
 
 def _owned(ctx: Context, tenant: str, batch_id: str) -> Batch:
-    with ctx.session_factory() as session:
-        batch = get_batch(session=session, batch_id=batch_id)
-    if batch is None or batch.tenant != tenant:
-        raise not_found("batch", batch_id)
-    return batch
+    return owned_batch(ctx, tenant, batch_id)
 
 
 def _live_view(ctx: Context, batch: Batch) -> tuple[dict[str, Any], bool]:
@@ -56,11 +54,13 @@ def create(
 ) -> dict[str, Any]:
     """Create a batch from an uploaded JSONL file. Answers ``validating`` at once; its lines
     become jobs in the background (resumed after a crash by the control plane's beat)."""
+    check_batch_quota(ctx, tenant)  # 429 over the tenant's quota
     admit_or_refuse(ctx, "batch")  # 429/503 before anything is written
     with ctx.session_factory.begin() as session:
+        known_id("file", payload.input_file_id, param="input_file_id")
         f = get_file(session=session, file_id=payload.input_file_id, tenant=tenant)
         if f is None:
-            raise not_found("file", payload.input_file_id)
+            raise not_found("file", payload.input_file_id, param="input_file_id")
         if f.purpose != "batch":
             raise ApiError(
                 400,
@@ -121,7 +121,10 @@ def list_all(
     ctx: CtxDep,
     tenant: TenantDep,
 ) -> dict[str, Any]:
-    """The tenant's batches, newest first (cursor: ``after`` = last id seen)."""
+    """The tenant's batches, newest first (cursor: ``after`` = last id seen, one of the
+    tenant's own batches)."""
+    if after is not None:
+        owned_batch(ctx, tenant, after, param="after")
     with ctx.session_factory() as session:
         rows = list_batches(session=session, tenant=tenant, limit=limit + 1, after=after)
     has_more = len(rows) > limit

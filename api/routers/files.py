@@ -8,7 +8,8 @@ from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
 
 from api.deps import CtxDep, TenantDep
-from api.errors import ApiError, not_found
+from api.errors import ApiError, known_id, not_found
+from api.quotas import check_storage_quota
 from api.storage import FileTooLarge
 from api.views import file_view
 from worker.store.crud.files import create_file, get_file, list_files, new_file_id
@@ -42,7 +43,12 @@ def upload(
     if size == 0:
         path.unlink(missing_ok=True)
         raise ApiError(400, "the file is empty", code="empty_file", param="file")
-    name = (file.filename or "upload.jsonl")[:512]
+    try:
+        check_storage_quota(ctx, tenant, size)
+    except ApiError:
+        path.unlink(missing_ok=True)
+        raise
+    name = _safe_filename(file.filename)
     with ctx.session_factory.begin() as session:
         row = create_file(
             session=session,
@@ -69,6 +75,7 @@ def list_all(
 @router.get("/{file_id}")
 def get_one(*, file_id: str, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
     """A file's metadata."""
+    known_id("file", file_id)
     with ctx.session_factory() as session:
         row = get_file(session=session, file_id=file_id, tenant=tenant)
     if row is None:
@@ -83,6 +90,7 @@ def get_one(*, file_id: str, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
 )
 def content(*, file_id: str, ctx: CtxDep, tenant: TenantDep) -> StreamingResponse:
     """A file's bytes, streamed."""
+    known_id("file", file_id)
     with ctx.session_factory() as session:
         row = get_file(session=session, file_id=file_id, tenant=tenant)
     if row is None:
@@ -92,3 +100,13 @@ def content(*, file_id: str, ctx: CtxDep, tenant: TenantDep) -> StreamingRespons
         media_type="application/jsonl",
         headers={"Content-Length": str(row.bytes)},
     )
+
+
+def _safe_filename(name: str | None) -> str:
+    """The uploaded name, at most 512 characters, without control characters or
+    characters UTF-8 cannot store (replaced by ``_``)."""
+    raw = (name or "upload.jsonl")[:512]
+    cleaned = "".join(
+        "_" if ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF else c for c in raw
+    )
+    return cleaned or "upload.jsonl"

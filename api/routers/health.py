@@ -1,4 +1,4 @@
-"""Liveness, readiness and Prometheus metrics (no API key needed)."""
+"""Liveness and readiness (no key needed) and Prometheus metrics (operator key)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from sqlalchemy import text
 
-from api.deps import CtxDep
+from api.deps import CtxDep, OperatorDep
 from api.metrics import gauge_lines
 
 router = APIRouter(tags=["health"])
@@ -42,7 +42,7 @@ def readyz(*, ctx: CtxDep) -> JSONResponse:
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
-def metrics(*, request: Request, ctx: CtxDep) -> PlainTextResponse:
+def metrics(*, request: Request, ctx: CtxDep, _operator: OperatorDep) -> PlainTextResponse:
     """Prometheus text: HTTP metrics, jobs by status, stream lengths, live workers."""
     from datetime import timedelta
 

@@ -14,11 +14,15 @@ from sqlalchemy.exc import IntegrityError
 
 from api.admission import admit_or_refuse
 from api.context import Context
+from api.control.destinations import DestinationRefused, resolve
 from api.deps import CtxDep, TenantDep
-from api.errors import ApiError, not_found
+from api.errors import ApiError, known_id, not_found
 from api.limits import check_request_limits
+from api.ownership import owned_batch
+from api.quotas import check_job_quotas
 from api.schemas import JobCreate, openai_body
 from api.views import job_view
+from worker.protocol.limits import check_id
 from worker.protocol.openai_batch import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, parse_request_body
 from worker.queue.cancel import request_cancel
 from worker.queue.message import JobMessage
@@ -41,6 +45,7 @@ JobStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
 def _owned_job(ctx: Context, tenant: str, job_id: str) -> Job:
+    known_id("job", job_id)
     with ctx.session_factory() as session:
         job = get_job(session=session, job_id=job_id)
     if job is None or job.tenant != tenant:
@@ -90,7 +95,21 @@ def create_job(
         req,
         max_prompt_tokens=ctx.settings.max_prompt_tokens,
         max_tokens_limit=ctx.settings.max_tokens_limit,
+        max_model_len=ctx.settings.max_model_len,
     )
+    if payload.custom_id is not None:
+        check_id(payload.custom_id, param="custom_id")
+    if idempotency_key is not None:
+        check_id(idempotency_key, param="Idempotency-Key")
+    if payload.idempotency_key is not None:
+        check_id(payload.idempotency_key, param="idempotency_key")
+    if payload.callback_url is not None:
+        try:
+            resolve(payload.callback_url, allow_hosts=ctx.settings.webhook_allow_hosts)
+        except DestinationRefused as exc:
+            raise ApiError(
+                400, str(exc), code="invalid_callback_url", param="callback_url"
+            ) from None
     key = idempotency_key or payload.idempotency_key
     digest = hashlib.sha256(
         json.dumps(
@@ -110,6 +129,7 @@ def create_job(
         replay = _replay(ctx, tenant, key, digest)
         if replay is not None:
             return replay
+    check_job_quotas(ctx, tenant)  # 429 over the tenant's quotas
     admit_or_refuse(ctx, payload.queue_class)  # 429/503 before anything is written
     job = NewJob(
         request={"url": endpoint, "body": body},
@@ -155,6 +175,7 @@ def create_job(
 @router.get("/{job_id}")
 def get_one(*, job_id: str, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
     """A job: status, timeline, result (the OpenAI response body) and usage."""
+    known_id("job", job_id)
     with ctx.reads() as session:
         found = get_job_with_meta(session=session, job_id=job_id)
     if found is None or found[0].tenant != tenant:
@@ -173,6 +194,8 @@ def list_all(
     tenant: TenantDep,
 ) -> dict[str, Any]:
     """The tenant's jobs in queue order, filtered by status and batch, paginated."""
+    if batch_id is not None:
+        owned_batch(ctx, tenant, batch_id, param="batch_id")
     with ctx.session_factory() as session:
         rows = list_jobs(
             session=session,

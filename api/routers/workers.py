@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from api.deps import CtxDep, TenantDep
+from api.deps import CtxDep, OperatorDep
 from api.views import epoch
 from worker.store.base import utcnow
 from worker.store.crud.workers import list_workers
@@ -16,8 +16,9 @@ router = APIRouter(prefix="/v1/workers", tags=["workers"])
 
 
 @router.get("")
-def get_workers(*, ctx: CtxDep, _tenant: TenantDep) -> dict[str, Any]:
-    """Every known worker, latest heartbeat first, with whether it is alive."""
+def get_workers(*, ctx: CtxDep, _operator: OperatorDep) -> dict[str, Any]:
+    """Every known worker, latest heartbeat first, with whether it is alive (operator
+    key only: hosts and pids are not for tenants)."""
     timeout = timedelta(seconds=ctx.settings.worker_timeout)
     now = utcnow()
     with ctx.session_factory() as session:

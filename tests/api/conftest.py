@@ -17,6 +17,7 @@ import pytest
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 PG_BASE = "postgresql://postgres@127.0.0.1:5432/"
 REDIS_URL = "redis://127.0.0.1:6379/12"  # a database number of its own, plus unique prefixes
+OPERATOR_KEY = "test-operator-key"
 
 
 def _port_open(port: int) -> bool:
@@ -87,6 +88,7 @@ def make_env(api_db_url: str, tmp_path: Path) -> Iterator[Callable[..., ApiEnv]]
             "prefix": prefix,
             "storage_dir": str(tmp_path / f"files-{len(made)}"),
             "beat_interval": 0,
+            "operator_key": OPERATOR_KEY,
         }
         settings = Settings(**{**values, **overrides})
         ctx = make_context(settings)

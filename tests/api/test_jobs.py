@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.conftest import ApiEnv
+from tests.api.conftest import OPERATOR_KEY, ApiEnv
 
 pytestmark = pytest.mark.services
 
@@ -230,11 +230,12 @@ def test_health_metrics_workers(env: ApiEnv) -> None:
         register_worker(
             session=s, worker_id=f"w-{env.ctx.keys.prefix}", host="h", model="tiny", pid=1
         )
-    workers = c.get("/v1/workers", headers=env.auth("t-w")).json()["data"]
+    operator = {"Authorization": f"Bearer {OPERATOR_KEY}"}
+    workers = c.get("/v1/workers", headers=operator).json()["data"]
     mine = [w for w in workers if w["id"] == f"w-{env.ctx.keys.prefix}"]
     assert mine and mine[0]["alive"] and mine[0]["model"] == "tiny"
     c.post("/v1/jobs", json=CHAT, headers=env.auth("t-w"))
-    text = c.get("/metrics").text
+    text = c.get("/metrics", headers=operator).text
     assert 'inflight_http_requests_total{method="POST",route="/v1/jobs",status="201"} 1' in text
     assert 'inflight_stream_length{stream="interactive"} 1' in text
     assert "inflight_jobs{" in text and "inflight_workers_live" in text

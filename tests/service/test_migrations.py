@@ -13,7 +13,7 @@ from worker.store.migrate import downgrade, upgrade
 
 TABLES = {
     "jobs", "iterations", "batches", "workers", "api_keys", "files", "api_jobs", "batch_progress",
-    "alembic_version",
+    "webhook_secrets", "alembic_version",
 }
 
 

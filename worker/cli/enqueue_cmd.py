@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import Any, BinaryIO
 
 CHUNK = 1000
 
@@ -38,7 +38,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _lines(stream: TextIO) -> Iterator[tuple[int, str]]:
+def _lines(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    """Numbered non-blank lines, as bytes (the parser reports bad UTF-8 per line)."""
     for i, line in enumerate(stream, start=1):
         if line.strip():
             yield i, line
@@ -53,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     re-run with the same --batch-id continues without duplicates."""
     import redis
 
+    from worker.protocol.limits import LimitError, check_tenant
     from worker.protocol.openai_batch import RequestParseError, parse_request_line
     from worker.protocol.sampling_params import QUEUED_N_UNSUPPORTED
     from worker.queue.admission import QueueRefused
@@ -64,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
     from worker.store.schemas import NewJob
     from worker.telemetry.setup import configure_telemetry, shutdown_telemetry
 
+    try:
+        check_tenant(args.tenant)
+    except LimitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     configure_telemetry("inflight-enqueue")
     db = make_engine(url=database_url(args.database_url))
     session_factory = make_session_factory(engine=db)
@@ -90,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             total += len(ids)
             del pending[: len(part)]
 
-    stream = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")  # noqa: SIM115
+    stream = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # noqa: SIM115
     try:
         for number, line in _lines(stream):
             try:
@@ -129,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     except (QueueRefused, redis.RedisError) as exc:
         stopped = str(exc)
     finally:
-        if stream is not sys.stdin:
+        if stream is not sys.stdin.buffer:
             stream.close()
         client.close()
         db.dispose()

@@ -150,11 +150,17 @@ class LLMEngine:
         t2 = time.perf_counter()
         self.tracker.note_scheduled(plan, self.step_index, start)
         sampled: list[SampledTokens] = []
+        failed: list[tuple[Sequence, str]] = []
         num_accepted = 0
         if logits is not None and plan.logits_rows.owners:
-            sampled, num_accepted = sample_step(plan, logits, self.sampler, self._fork)
+            sampled, num_accepted, failed = sample_step(plan, logits, self.sampler, self._fork)
         appended = self.scheduler.update(plan, sampled, self.tracker.check_stop)
-        outputs += self.tracker.outputs(appended, time.time())
+        done = time.time()
+        outputs += self.tracker.outputs(appended, done)
+        for seq, error in failed:  # rows the sampler could not use fail alone, now
+            self.tracker.fail(seq, error, self.scheduler)
+        if failed:
+            outputs += self.tracker.report_aborted(done)
         t3 = time.perf_counter()
         stats = step_stats(
             self.step_index, plan, self.scheduler, outputs, timings=(start, t1 - t0, t2 - t1, t3 - t2),

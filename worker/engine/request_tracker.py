@@ -34,6 +34,7 @@ class RequestTracker:
         self.sequences: dict[str, Sequence] = {}
         self.groups: dict[str, SampleGroup] = {}  # requests with n > 1, by request id
         self.aborted: list[Sequence] = []  # to report in the next step
+        self.errors: dict[str, str] = {}  # by sequence id: why a failed one ended
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self.sequences or request_id in self.groups
@@ -57,6 +58,13 @@ class RequestTracker:
             self.aborted.append(seq)
         if group:
             group.n, group.forked = len(group.members), True  # no more samples will be made
+
+    def fail(self, seq: Sequence, error: str, scheduler: Scheduler) -> None:
+        """End one sequence whose row could not be sampled; reported with ``error``."""
+        scheduler.remove(seq, keep_cached=False)
+        seq.finish_reason = "abort"
+        self.errors[seq.request_id] = error
+        self.aborted.append(seq)
 
     def report_aborted(self, now: float) -> list[RequestOutput]:
         """Final outputs of the requests aborted since the last step."""
@@ -145,6 +153,7 @@ class RequestTracker:
         del self.sequences[seq.request_id]
         out = self._output(seq, new_tokens)
         out.finished = True
+        out.error = self.errors.pop(seq.request_id, None)
         group = self.groups.get(seq.group_id or "")
         if group is None:
             return out

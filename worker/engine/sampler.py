@@ -16,6 +16,11 @@ Per row, in this order:
    own generator, so its tokens do not depend on what else is in the batch; unseeded
    rows share the sampler's generator.
 
+``logit_bias`` is added in step 1, after the penalties. A row whose logits are not
+usable (a NaN, +inf, or every token at -inf), before or after the temperature, gets no
+token: its entry in ``SamplerOutput.errors`` says why, and the other rows are sampled as
+usual (the engine fails that request alone).
+
 Logprobs are ``log_softmax`` of the logits after 1-2 (penalties and the min_tokens mask)
 and before temperature, top-k, top-p and min-p.
 """
@@ -23,7 +28,7 @@ and before temperature, top-k, top-p and min-p.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -130,8 +135,21 @@ def _removed_outside(idx: torch.Tensor, keep: torch.Tensor, vocab: int) -> torch
 class SamplerOutput:
     """The sampled token of each row and, where asked, its logprobs."""
 
-    token_ids: list[int]  # one per row
+    token_ids: list[int]  # one per row (meaningless where errors[i] is set)
     logprobs: list[TokenLogprob | None]  # None where params.logprobs is None
+    errors: list[str | None] = field(default_factory=list)  # per row: why it got no token
+
+
+NON_FINITE_ERROR = (
+    "the model's logits for this request became non-finite (NaN or infinite) or masked "
+    "every token; it was stopped alone"
+)
+
+
+def unusable_rows(logits: torch.Tensor) -> torch.Tensor:
+    """``[R]`` bool: rows with a NaN, a +inf, or no finite value at all (the row maximum
+    is NaN when any entry is, +inf with one, -inf when all are masked)."""
+    return ~torch.isfinite(logits.amax(dim=-1))  # [R]
 
 
 def is_greedy(params: SamplingParams) -> bool:
@@ -145,6 +163,7 @@ def needs_penalties(params: SamplingParams) -> bool:
         params.repetition_penalty != 1.0
         or params.presence_penalty != 0.0
         or params.frequency_penalty != 0.0
+        or bool(params.logit_bias)
     )
 
 
@@ -170,7 +189,14 @@ class Sampler:
         """
         self._check_inputs(logits, rows)
         logits = logits.float()  # [R, V]; no copy when already float32
+        errors = self._bias_errors(rows, logits.shape[1])
         logits = self._apply_penalties_and_masks(logits, rows)  # a copy if anything changed
+        bad = unusable_rows(logits)  # [R]
+        if bool(bad.any()) or any(errors):
+            logits = logits.clone()  # never write into the caller's tensor
+            for i in bad.nonzero().flatten().tolist():
+                errors[i] = errors[i] or NON_FINITE_ERROR
+            logits[self._index([i for i, e in enumerate(errors) if e], logits.device)] = 0.0
 
         greedy_rows = [i for i, row in enumerate(rows) if is_greedy(row.params)]
         if len(greedy_rows) == len(rows):
@@ -182,11 +208,28 @@ class Sampler:
                 tokens[g_idx] = logits[g_idx].argmax(dim=-1)
             sampled_rows = [i for i, row in enumerate(rows) if not is_greedy(row.params)]
             s_idx = self._index(sampled_rows, logits.device)  # [S]
-            tokens[s_idx] = self._sample_rows(logits[s_idx], [rows[i] for i in sampled_rows])
+            drawn, late_bad = self._sample_rows(logits[s_idx], [rows[i] for i in sampled_rows])
+            tokens[s_idx] = drawn
+            for j in late_bad:
+                errors[sampled_rows[j]] = errors[sampled_rows[j]] or NON_FINITE_ERROR
 
         return SamplerOutput(
-            token_ids=tokens.tolist(), logprobs=self._logprobs(logits, rows, tokens)
+            token_ids=tokens.tolist(),
+            logprobs=self._logprobs(logits, rows, tokens),
+            errors=errors,
         )
+
+    def _bias_errors(self, rows: Sequence[SamplingInput], vocab: int) -> list[str | None]:
+        """Per row, an error when its logit_bias names a token outside the vocabulary."""
+        errors: list[str | None] = [None] * len(rows)
+        for i, row in enumerate(rows):
+            outside = [t for t in (row.params.logit_bias or {}) if not 0 <= t < vocab]
+            if outside:
+                errors[i] = (
+                    f"logit_bias names token id {outside[0]}, outside this model's "
+                    f"vocabulary of {vocab} tokens"
+                )
+        return errors
 
     # ---------------------------------------------------------------- internal
 
@@ -271,6 +314,7 @@ class Sampler:
                     [r.params.frequency_penalty for r in sub], dtype=torch.float32, device=device
                 ).unsqueeze(1)  # [P, 1]
                 sel = sel - frequency * out_counts - presence * (out_counts > 0).float()
+            sel = self._add_logit_bias(sel, sub)
             out[p_idx] = sel
 
         if under_min:
@@ -285,8 +329,32 @@ class Sampler:
                 out[self._index(mask_rows, device), self._index(mask_cols, device)] = float("-inf")
         return out
 
-    def _sample_rows(self, logits: torch.Tensor, rows: Sequence[SamplingInput]) -> torch.Tensor:
-        """Sample one token for each non-greedy row; ``logits`` is ``[S, V]``, returns ``[S]``."""
+    @staticmethod
+    def _add_logit_bias(sel: torch.Tensor, sub: Sequence[SamplingInput]) -> torch.Tensor:
+        """``sel`` ``[P, V]`` plus each row's logit_bias (ids inside the vocabulary)."""
+        vocab = sel.shape[1]
+        rows_i: list[int] = []
+        cols: list[int] = []
+        values: list[float] = []
+        for i, r in enumerate(sub):
+            for token, bias in (r.params.logit_bias or {}).items():
+                if 0 <= token < vocab:
+                    rows_i.append(i)
+                    cols.append(token)
+                    values.append(float(bias))
+        if not cols:
+            return sel
+        bias_t = torch.zeros_like(sel)  # [P, V]
+        bias_t[
+            torch.tensor(rows_i, device=sel.device), torch.tensor(cols, device=sel.device)
+        ] = torch.tensor(values, dtype=sel.dtype, device=sel.device)
+        return sel + bias_t
+
+    def _sample_rows(
+        self, logits: torch.Tensor, rows: Sequence[SamplingInput]
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Sample one token for each non-greedy row; ``logits`` is ``[S, V]``. Returns the
+        ``[S]`` tokens and the positions of rows the temperature made unusable."""
         num, vocab = logits.shape
         device = logits.device
         params = [row.params for row in rows]
@@ -295,6 +363,10 @@ class Sampler:
             [p.temperature for p in params], dtype=torch.float32, device=device
         ).unsqueeze(1)  # [S, 1]
         x = logits / temperature  # [S, V]
+        bad = unusable_rows(x)  # [S]
+        late_bad: list[int] = bad.nonzero().flatten().tolist() if bool(bad.any()) else []
+        if late_bad:
+            x[self._index(late_bad, device)] = 0.0  # a uniform row, whose token is discarded
 
         ranked = [i for i, p in enumerate(params) if 0 < p.top_k < vocab or p.top_p < 1.0]
         if ranked:
@@ -322,7 +394,7 @@ class Sampler:
 
         probs = torch.softmax(x, dim=-1)  # [S, V]
         noise = self._exponential_noise(rows, num, vocab, device)  # [S, V]
-        return (probs / noise).argmax(dim=-1)  # [S]
+        return (probs / noise).argmax(dim=-1), late_bad  # [S]
 
     def _exponential_noise(
         self, rows: Sequence[SamplingInput], num: int, vocab: int, device: torch.device

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 
 from worker.engine.sampler import Sampler
+from worker.engine.sequence import Sequence
 from worker.engine.speculation import verify_drafts
 from worker.engine.step_plan import SampledTokens, ScheduledSequence, SchedulerOutput
 
@@ -19,22 +20,29 @@ Forker = Callable[[ScheduledSequence, torch.Tensor], list[SampledTokens]]
 
 def sample_step(
     plan: SchedulerOutput, logits: torch.Tensor, sampler: Sampler, fork: Forker
-) -> tuple[list[SampledTokens], int]:
+) -> tuple[list[SampledTokens], int, list[tuple[Sequence, str]]]:
     """What every sampling sequence of ``plan`` appends, given ``logits`` ``[rows, vocab]``
-    laid out as ``plan.logits_rows``; and how many drafts were accepted."""
+    laid out as ``plan.logits_rows``; how many drafts were accepted; and the sequences whose
+    row the sampler refused (non-finite logits, a bad bias), with its reason: they append
+    nothing and fail alone."""
     owners = plan.logits_rows.owners
     plain = [(s, row) for s, row in owners if not s.num_draft_tokens]
     drafted = [(s, row) for s, row in owners if s.num_draft_tokens]
     results: list[SampledTokens] = []
+    failed: list[tuple[Sequence, str]] = []
     if plain:
         rows = [row for _, row in plain]
         plain_logits = logits if len(rows) == logits.shape[0] else logits[rows]  # [num_plain, vocab]
         drawn = sampler.sample(plain_logits, [s.seq for s, _ in plain])
         for i, (s, _) in enumerate(plain):
+            error = drawn.errors[i] if drawn.errors else None
+            if error:
+                failed.append((s.seq, error))
+                continue
             results.append(SampledTokens(s.seq, [(drawn.token_ids[i], drawn.logprobs[i])]))
             results.extend(fork(s, plain_logits[i]))
     num_accepted = 0
     if drafted:
         verified, num_accepted = verify_drafts(drafted, logits)
         results.extend(verified)
-    return results, num_accepted
+    return results, num_accepted, failed

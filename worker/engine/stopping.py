@@ -11,15 +11,17 @@
 
 A stop on the same token as a length limit reports ``"stop"``. Stop strings are looked
 for only in text the newest token produced, decoding a short tail window of the output
-rather than all of it; requests without stop strings cost no tokenizer work at all.
+rather than all of it, with one automaton for all of a request's stop strings: the work
+per token grows with the new text and the longest stop string, not with the output or
+the number of stop strings. Requests without stop strings cost no tokenizer work at all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from worker.engine.stop_matcher import MatcherCache
 from worker.protocol.sampling_params import SamplingParams
 
 _REPLACEMENT = "\ufffd"  # what a decode shows for bytes of a not yet complete character
@@ -27,6 +29,10 @@ _REPLACEMENT = "\ufffd"  # what a decode shows for bytes of a not yet complete c
 # longest stop string, to cover decode artifacts at the window start (a stripped
 # leading space, replacement characters of a cut multi-byte character).
 _CONTEXT_SLACK = 2
+# The tail window grows (doubling) while its text is shorter than the longest stop
+# string, up to this many tokens per character wanted: tokens that decode to nothing
+# (skipped special tokens) cannot make one check cost the whole output.
+_MAX_TOKENS_PER_CHAR = 8
 
 
 class Detokenizer(Protocol):
@@ -62,17 +68,6 @@ def _common_prefix_len(a: str, b: str) -> int:
     return n
 
 
-def _earliest(text: str, stops: Sequence[str], start_for: dict[str, int]) -> tuple[int, str] | None:
-    """Earliest (index, stop string) found in ``text``, each string searched from
-    ``start_for[s]``; on equal indices the string listed first wins."""
-    best: tuple[int, str] | None = None
-    for stop in stops:
-        index = text.find(stop, start_for[stop])
-        if index != -1 and (best is None or index < best[0]):
-            best = (index, stop)
-    return best
-
-
 class StopChecker:
     """Decides after every new token whether a sequence is finished (see module doc)."""
 
@@ -81,6 +76,7 @@ class StopChecker:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_model_len = max_model_len
+        self._matchers = MatcherCache()
 
     def check(
         self, *, prompt_len: int, output_token_ids: list[int], params: SamplingParams
@@ -138,25 +134,27 @@ class StopChecker:
         text before the newest token holds the longest stop string (widened, doubling,
         when tokens decode to few characters, e.g. the bytes of one character)."""
         skip = params.skip_special_tokens
-        stops = params.stop
-        longest = max(len(s) for s in stops)
+        matcher = self._matchers.get(params.stop)
+        longest = max(len(s) for s in params.stop)
         num = len(output_token_ids)
         context = min(num - 1, longest + _CONTEXT_SLACK)  # tokens before the newest one
+        widest = min(num - 1, _MAX_TOKENS_PER_CHAR * (longest + _CONTEXT_SLACK))
         while True:
             window = output_token_ids[num - 1 - context :]
             before = self._decode(window[:-1], skip)
-            if context == num - 1 or len(before.lstrip(_REPLACEMENT)) >= longest + _CONTEXT_SLACK:
+            if context >= widest or len(before.lstrip(_REPLACEMENT)) >= longest + _CONTEXT_SLACK:
                 break
-            context = min(num - 1, 2 * context)
+            context = min(widest, 2 * context)
         after = self._decode(window, skip)
 
         # Characters of ``after`` past ``known`` are new (or changed: a character the
         # previous token had left incomplete). A match must end among them.
         known = _common_prefix_len(before, after)
-        match = _earliest(after, stops, {s: max(0, known - len(s) + 1) for s in stops})
+        start = max(0, known - longest + 1)  # earlier characters cannot be in a match
+        match = matcher.earliest(after[start:], end_from=known - start)
         if match is None:
             return None
-        index, stop = match
+        index, stop = match[0] + start, match[1]
 
         full = self._decode(output_token_ids, skip)
         tail = after[index:]  # the stop string and what follows it
@@ -164,7 +162,7 @@ class StopChecker:
             return stop, full[: len(full) - len(tail)]
         # The window decoded differently from the full text (should not happen once
         # ``before`` is long enough); fall back on a search of the full text.
-        fallback = _earliest(full, stops, dict.fromkeys(stops, 0))
+        fallback = matcher.earliest(full)
         if fallback is None:
             return stop, full
         return fallback[1], full[: fallback[0]]

@@ -17,9 +17,19 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.protocol.limits import (
+    LIMITS,
+    LimitError,
+    check_id,
+    check_json_value,
+    check_metadata,
+    check_short_string,
+)
 from worker.protocol.openai_content import is_int, json_type, parse_messages, parse_prompt
 from worker.protocol.openai_errors import RequestParseError
 from worker.protocol.openai_output import (
@@ -61,8 +71,10 @@ _SAMPLING_FIELDS = frozenset({
     "frequency_penalty", "logprobs",
     # vLLM extras
     "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
-    "skip_special_tokens",
+    "skip_special_tokens", "logit_bias",
 })
+# Accepted and kept with the stored request: ``metadata`` and ``user`` are validated and
+# returned on the job object; ``model`` names the response; ``stream`` must be false.
 _IGNORED_FIELDS = frozenset({"model", "user", "stream", "metadata"})
 _CHAT_ONLY = frozenset({"messages", "max_completion_tokens", "top_logprobs"})
 _COMPLETIONS_ONLY = frozenset({"prompt"})
@@ -121,6 +133,10 @@ def parse_request_line(line: str | bytes, *, line_number: int) -> GenerationRequ
                                 line_number=line_number)
     try:
         obj = json.loads(line, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise RequestParseError(
+            f"JSON nested deeper than {LIMITS.max_json_depth} levels", code="too_deep",
+            line_number=line_number) from None
     except json.JSONDecodeError as exc:
         raise RequestParseError(
             f"malformed JSON: {exc.msg} at column {exc.colno}; each line must be one "
@@ -132,7 +148,7 @@ def parse_request_line(line: str | bytes, *, line_number: int) -> GenerationRequ
         raise RequestParseError(f"expected a JSON object, got {json_type(obj)}",
                                 code="invalid_json", line_number=line_number)
     raw_id = obj.get("custom_id")
-    custom_id = raw_id if isinstance(raw_id, str) else None
+    custom_id = raw_id if _printable_id(raw_id) else None
     try:
         return _parse_object(obj)
     except RequestParseError as exc:
@@ -152,6 +168,12 @@ def parse_request_body(body: dict[str, Any], *, endpoint: str) -> GenerationRequ
         raise RequestParseError(f"body must be a JSON object, got {json_type(body)}",
                                 param="body")
     _check_fields(body, endpoint)
+    with _as_parse_error():
+        for name, value in body.items():
+            check_json_value(value, param=name)
+        check_metadata(body.get("metadata"))
+        check_short_string(body.get("user"), param="user", limit=LIMITS.max_user_chars)
+        check_short_string(body.get("model"), param="model", limit=LIMITS.max_name_chars)
     _check_scalar_types(body)
     if body.get("stream"):
         raise RequestParseError(
@@ -182,9 +204,9 @@ def split_stored(stored: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 def _parse_object(obj: dict[str, Any]) -> GenerationRequest:
     custom_id = obj.get("custom_id")
-    if custom_id is not None and (not isinstance(custom_id, str) or not custom_id):
-        raise RequestParseError(f"custom_id must be a non-empty string, got {custom_id!r}",
-                                param="custom_id")
+    if custom_id is not None:
+        with _as_parse_error():
+            check_id(custom_id, param="custom_id")
     if {"url", "body", "method"} & obj.keys():
         unknown = sorted(obj.keys() - _BATCH_LINE_KEYS)
         if unknown:
@@ -257,12 +279,17 @@ def _check_scalar_types(body: dict[str, Any]) -> None:
     stop = body.get("stop")
     if stop is not None and not isinstance(stop, str) and not (
             isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
-        raise RequestParseError(f"stop must be a string or a list of strings, got {stop!r}",
+        raise RequestParseError(f"stop must be a string or a list of strings, got "
+                                f"{json_type(stop)}",
                                 param="stop")
     ids = body.get("stop_token_ids")
     if ids is not None and not (isinstance(ids, list) and all(is_int(t) for t in ids)):
-        raise RequestParseError(f"stop_token_ids must be a list of integers, got {ids!r}",
+        raise RequestParseError("stop_token_ids must be a list of integers",
                                 param="stop_token_ids")
+    bias = body.get("logit_bias")
+    if bias is not None and not isinstance(bias, dict):
+        raise RequestParseError("logit_bias must be an object of token id -> bias",
+                                param="logit_bias")
 
 
 def _sampling_params(body: dict[str, Any], endpoint: str) -> SamplingParams:
@@ -297,7 +324,7 @@ def _sampling_params(body: dict[str, Any], endpoint: str) -> SamplingParams:
         return SamplingParams.from_dict(values)
     except InvalidRequestError as exc:
         message = str(exc)
-        param = message.split("=", 1)[0] if "=" in message else None
+        param = getattr(exc, "param", None)
         if param == "max_tokens":
             param = max_tokens_field
             message = max_tokens_field + message[len("max_tokens"):]
@@ -305,6 +332,23 @@ def _sampling_params(body: dict[str, Any], endpoint: str) -> SamplingParams:
             param = "top_logprobs"
             message = "top_logprobs" + message[len("logprobs"):]
         raise RequestParseError(message, param=param, code="invalid_value") from None
+
+
+@contextmanager
+def _as_parse_error() -> Iterator[None]:
+    """Turn a LimitError into the RequestParseError every parser here raises."""
+    try:
+        yield
+    except LimitError as exc:
+        raise RequestParseError(str(exc), param=exc.param, code=exc.code) from None
+
+
+def _printable_id(value: object) -> bool:
+    try:
+        check_id(value, param="custom_id")
+    except LimitError:
+        return False
+    return True
 
 
 class _NonFiniteConstant(ValueError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from worker.protocol.limits import LIMITS
 from worker.protocol.openai_errors import RequestParseError
 
 ROLES = ("system", "user", "assistant", "developer")
@@ -17,9 +18,13 @@ def parse_prompt(prompt: object) -> str | list[int]:
         if not prompt:
             raise RequestParseError("prompt must not be empty", param="prompt")
         return prompt
+    if isinstance(prompt, list) and len(prompt) > LIMITS.max_prompt_token_ids:
+        raise RequestParseError(
+            f"prompt has {len(prompt)} token ids; the limit is {LIMITS.max_prompt_token_ids}",
+            param="prompt", code="prompt_too_long")
     if isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
-        if any(t < 0 for t in prompt):
-            raise RequestParseError("prompt token ids must be >= 0", param="prompt")
+        if any(t < 0 or t >= 1 << 31 for t in prompt):
+            raise RequestParseError("prompt token ids must be in [0, 2**31)", param="prompt")
         return list(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
         raise RequestParseError(
@@ -38,6 +43,10 @@ def parse_messages(messages: object) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise RequestParseError("messages must be a non-empty list of {role, content} objects",
                                 param="messages")
+    if len(messages) > LIMITS.max_messages:
+        raise RequestParseError(
+            f"messages has {len(messages)} entries; the limit is {LIMITS.max_messages}",
+            param="messages")
     return [_parse_message(i, m) for i, m in enumerate(messages)]
 
 
@@ -56,8 +65,10 @@ def _parse_message(i: int, message: object) -> dict[str, Any]:
         raise RequestParseError(f"{where}.role must be one of {', '.join(ROLES)}, got "
                                 f"{role!r}", param="messages")
     name = message.get("name")
-    if name is not None and not isinstance(name, str):
-        raise RequestParseError(f"{where}.name must be a string", param="messages")
+    if name is not None and (not isinstance(name, str) or len(name) > LIMITS.max_name_chars):
+        raise RequestParseError(
+            f"{where}.name must be a string of at most {LIMITS.max_name_chars} characters",
+            param="messages")
     out: dict[str, Any] = {"role": "system" if role == "developer" else role,
                            "content": _message_text(where, message.get("content"))}
     if name is not None:

@@ -21,12 +21,11 @@ class RequestParseError(InvalidRequestError):
         line_number: int | None = None,
         custom_id: str | None = None,
     ) -> None:
+        super().__init__(_prefix(line_number, custom_id) + reason, param=param)
         self.reason = reason
-        self.param = param
         self.code = code
         self.line_number = line_number
         self.custom_id = custom_id
-        super().__init__(_prefix(line_number, custom_id) + reason)
 
     def at(self, *, line_number: int | None, custom_id: str | None) -> RequestParseError:
         """The same error, located at a line and a request."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from worker.protocol.limits import LIMITS
+
 MAX_N = 16  # samples per request
 # The job store keeps one sample per job, so the queued paths (API, batches, enqueue)
 # refuse n > 1; `inflight generate` and the in-process engine serve it.
@@ -15,7 +17,12 @@ QUEUED_N_UNSUPPORTED = (
 
 
 class InvalidRequestError(ValueError):
-    """A request that can never be served as asked: bad values, too long, too large."""
+    """A request that can never be served as asked: bad values, too long, too large.
+    ``param`` names the offending field when one is known."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass
@@ -42,48 +49,117 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.stop, list | tuple):
+            self.stop = list(self.stop)
+        if isinstance(self.stop_token_ids, list | tuple):
+            self.stop_token_ids = list(self.stop_token_ids)
+        if self.stop is None:
+            self.stop = []
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        if isinstance(self.logit_bias, dict):
+            self.logit_bias = _int_keys(self.logit_bias)
         self.validate()
 
     def validate(self) -> None:
-        """Raise InvalidRequestError naming the first bad field."""
+        """Raise InvalidRequestError naming the first bad field (ranges: ``LIMITS``)."""
         def bad(name: str, rule: str) -> InvalidRequestError:
-            return InvalidRequestError(f"{name}={getattr(self, name)!r}: {rule}")
+            shown = repr(getattr(self, name))
+            if len(shown) > 80:
+                shown = shown[:77] + "..."
+            return InvalidRequestError(f"{name}={shown}: {rule}", param=name)
 
+        lim = LIMITS
         if not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
             raise bad("n", f"must be an integer in [1, {MAX_N}]")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            raise bad("max_tokens", "must be an integer >= 1")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
-            raise bad("min_tokens", "must be an integer >= 0")
+        if self.max_tokens is not None and (
+            not _is_int(self.max_tokens) or not 1 <= self.max_tokens <= lim.max_tokens_max
+        ):
+            raise bad("max_tokens", f"must be an integer in [1, {lim.max_tokens_max}]")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= lim.max_tokens_max:
+            raise bad("min_tokens", f"must be an integer in [0, {lim.max_tokens_max}]")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise bad("min_tokens", "must not exceed max_tokens")
-        if not _is_number(self.temperature) or self.temperature < 0:
-            raise bad("temperature", "must be a number >= 0")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise bad("top_k", "must be an integer >= 0 (0 disables it)")
-        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+        if not _in_range(self.temperature, 0.0, lim.temperature_max):
+            raise bad("temperature", f"must be a number in [0, {lim.temperature_max:g}]")
+        if not _is_int(self.top_k) or not 0 <= self.top_k <= lim.top_k_max:
+            raise bad("top_k", f"must be an integer in [0, {lim.top_k_max}] (0 disables it)")
+        if not _in_range(self.top_p, 0.0, 1.0) or self.top_p == 0:
             raise bad("top_p", "must be in (0, 1]")
-        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+        if not _in_range(self.min_p, 0.0, 1.0):
             raise bad("min_p", "must be in [0, 1]")
-        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise bad("repetition_penalty", "must be > 0")
+        if not _in_range(
+            self.repetition_penalty, lim.repetition_penalty_min, lim.repetition_penalty_max
+        ):
+            raise bad(
+                "repetition_penalty",
+                f"must be in [{lim.repetition_penalty_min:g}, {lim.repetition_penalty_max:g}]",
+            )
         for name in ("presence_penalty", "frequency_penalty"):
-            if not _is_number(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
-                raise bad(name, "must be in [-2, 2]")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad("seed", "must be an integer")
-        if not all(isinstance(s, str) and s for s in self.stop):
-            raise bad("stop", "must be non-empty strings")
-        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
-            raise bad("stop_token_ids", "must be non-negative integers")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+            if not _in_range(getattr(self, name), -lim.penalty_abs_max, lim.penalty_abs_max):
+                raise bad(name, f"must be in [-{lim.penalty_abs_max:g}, {lim.penalty_abs_max:g}]")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= lim.seed_max):
+            raise bad("seed", f"must be an integer in [0, {lim.seed_max}]")
+        self._validate_stops()
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", "must be an integer in [0, 20]")
+        for name in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "must be true or false")
+        self._validate_logit_bias()
+
+    def _validate_stops(self) -> None:
+        lim = LIMITS
+        if not isinstance(self.stop, list) or len(self.stop) > lim.max_stop:
+            raise InvalidRequestError(
+                f"stop: at most {lim.max_stop} stop strings (got "
+                f"{len(self.stop) if isinstance(self.stop, list) else type(self.stop).__name__})",
+                param="stop",
+            )
+        if not all(isinstance(s, str) and 0 < len(s) <= lim.max_stop_chars for s in self.stop):
+            raise InvalidRequestError(
+                f"stop: stop strings must be non-empty strings of at most "
+                f"{lim.max_stop_chars} characters",
+                param="stop",
+            )
+        ids = self.stop_token_ids
+        if not isinstance(ids, list) or len(ids) > lim.max_stop_token_ids:
+            raise InvalidRequestError(
+                f"stop_token_ids: at most {lim.max_stop_token_ids} token ids",
+                param="stop_token_ids",
+            )
+        if not all(_is_int(t) and 0 <= t < (1 << 31) for t in ids):
+            raise InvalidRequestError(
+                "stop_token_ids: must be non-negative integer token ids", param="stop_token_ids"
+            )
+
+    def _validate_logit_bias(self) -> None:
+        lim = LIMITS
+        bias = self.logit_bias
+        if bias is None:
+            return
+        if not isinstance(bias, dict) or len(bias) > lim.max_logit_bias:
+            raise InvalidRequestError(
+                f"logit_bias: an object of at most {lim.max_logit_bias} token ids",
+                param="logit_bias",
+            )
+        for token, value in bias.items():
+            if not _is_int(token) or not 0 <= token < (1 << 31):
+                raise InvalidRequestError(
+                    f"logit_bias: key {token!r} is not a token id (a non-negative integer)",
+                    param="logit_bias",
+                )
+            if not _in_range(value, -lim.logit_bias_abs_max, lim.logit_bias_abs_max):
+                raise InvalidRequestError(
+                    f"logit_bias: the bias of token {token} must be a number in "
+                    f"[-{lim.logit_bias_abs_max:g}, {lim.logit_bias_abs_max:g}], got {value!r}",
+                    param="logit_bias",
+                )
 
     @property
     def greedy(self) -> bool:
@@ -92,7 +168,10 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serializable dict that `from_dict` turns back into the same params."""
-        return asdict(self)
+        out = asdict(self)
+        if self.logit_bias is not None:
+            out["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
@@ -106,3 +185,23 @@ class SamplingParams:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _in_range(value: object, low: float, high: float) -> bool:
+    """A finite number in [low, high] (NaN and infinities fail every comparison)."""
+    return _is_number(value) and low <= value <= high  # type: ignore[operator]
+
+
+def _int_keys(bias: dict[Any, Any]) -> dict[Any, Any]:
+    """JSON object keys are strings: turn decimal-digit keys into token ids (others stay,
+    for validate to refuse)."""
+    out: dict[Any, Any] = {}
+    for key, value in bias.items():
+        if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10:
+            key = int(key)
+        out[key] = value
+    return out

@@ -58,7 +58,7 @@ class JobMessage:
                 attempt=int(fields.get("attempt") or 0),
                 traceparent=fields.get("traceparent") or None,
             )
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, RecursionError) as exc:
             raise MessageError(f"bad job message: {exc!r}") from None
         if not isinstance(body, dict):
             raise MessageError(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from worker.protocol.openai_batch import parse_request_body, split_stored
-from worker.protocol.sampling_params import SamplingParams
+from worker.protocol.sampling_params import InvalidRequestError, SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 class Tokenizes(Protocol):
@@ -27,11 +30,23 @@ class Prepared:
 
 
 def prepare(*, engine: Tokenizes, stored: dict[str, Any]) -> Prepared:
-    """Validate and tokenize; raises InvalidRequestError (or the tokenizer's error)."""
+    """Validate and tokenize; raises InvalidRequestError. A tokenizer or chat-template
+    failure is reported by kind only: its own text (internals, paths) stays in the
+    worker's debug log."""
+    if not isinstance(stored, dict):
+        raise InvalidRequestError("the job's request is not a JSON object")
     endpoint, body = split_stored(stored)
     req = parse_request_body(body, endpoint=endpoint)
-    if req.messages is not None:
-        return Prepared(engine.tokenize(messages=req.messages), req.params, None)
     if isinstance(req.prompt, list):
         return Prepared(list(req.prompt), req.params, None)
-    return Prepared(engine.tokenize(prompt=req.prompt), req.params, req.prompt)
+    try:
+        if req.messages is not None:
+            return Prepared(engine.tokenize(messages=req.messages), req.params, None)
+        return Prepared(engine.tokenize(prompt=req.prompt), req.params, req.prompt)
+    except Exception as exc:
+        cause = exc.__cause__ or exc
+        log.debug("tokenizer refused a request: %s", type(cause).__name__)  # no prompt text
+        raise InvalidRequestError(
+            "the model's tokenizer or chat template could not process this request "
+            f"({type(cause).__name__}); check the roles and content of the messages"
+        ) from None

@@ -29,7 +29,9 @@ def make_engine(*, url: str, pool_size: int = 5, echo: bool = False) -> Engine:
     """Create an Engine. SQLite gets WAL and a busy timeout so a worker's threads and other
     processes can share the file; PostgreSQL gets pre-ping so a restarted server is survived."""
     url = normalize_url(url)
-    kwargs: dict[str, Any] = {"echo": echo, "pool_pre_ping": True}
+    # hide_parameters: a failed statement's error (and its log line) never carries the
+    # bound values, which hold prompts and generated text.
+    kwargs: dict[str, Any] = {"echo": echo, "pool_pre_ping": True, "hide_parameters": True}
     if url.startswith("sqlite"):
         kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
         engine = create_engine(url, **kwargs)

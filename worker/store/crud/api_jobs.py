@@ -46,8 +46,13 @@ def get_api_job(*, session: Session, job_id: str) -> ApiJob | None:
     return session.get(ApiJob, job_id)
 
 
-def due_webhooks(*, session: Session, now: datetime | None = None, limit: int = 100) -> list[str]:
-    """Job ids whose webhook is pending, whose job has ended and whose next try is due."""
+def claim_due_webhooks(
+    *, session: Session, lease_until: datetime, now: datetime | None = None, limit: int = 100
+) -> list[str]:
+    """Claim the job ids whose webhook is pending, whose job has ended and whose next try
+    is due: rows locked by another claimer are skipped (``FOR UPDATE SKIP LOCKED``) and
+    the claimed ones are not due again before ``lease_until``, so no two claimers send
+    the same delivery. Call inside a transaction."""
     now = now or utcnow()
     stmt = (
         select(ApiJob.job_id)
@@ -58,8 +63,14 @@ def due_webhooks(*, session: Session, now: datetime | None = None, limit: int = 
             (ApiJob.webhook_next_at.is_(None)) | (ApiJob.webhook_next_at <= now),
         )
         .limit(limit)
+        .with_for_update(skip_locked=True, of=ApiJob)
     )
-    return list(session.scalars(stmt))
+    ids = list(session.scalars(stmt))
+    if ids:
+        session.execute(
+            update(ApiJob).where(ApiJob.job_id.in_(ids)).values(webhook_next_at=lease_until)
+        )
+    return ids
 
 
 def record_webhook_attempt(

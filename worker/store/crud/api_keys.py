@@ -9,6 +9,7 @@ import uuid
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from worker.protocol.limits import check_tenant
 from worker.store.base import utcnow
 from worker.store.models import ApiKey
 
@@ -20,8 +21,12 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
-def create_api_key(*, session: Session, tenant: str, name: str | None = None) -> tuple[ApiKey, str]:
-    """Add a key for ``tenant``; returns the row and the plain key (shown only now)."""
+def create_api_key(
+    *, session: Session, tenant: str, name: str | None = None, read_only: bool = False
+) -> tuple[ApiKey, str]:
+    """Add a key for ``tenant`` (a valid tenant name, else LimitError); returns the row
+    and the plain key (shown only now). A ``read_only`` key may only read."""
+    check_tenant(tenant)
     plain = KEY_PREFIX + secrets.token_urlsafe(32)
     row = ApiKey(
         id="key_" + uuid.uuid4().hex,
@@ -30,23 +35,25 @@ def create_api_key(*, session: Session, tenant: str, name: str | None = None) ->
         prefix=plain[:10],
         name=name,
         created_at=utcnow(),
+        read_only=read_only,
     )
     session.add(row)
     return row, plain
 
 
-def tenant_for_key(*, session: Session, key: str) -> str | None:
-    """The tenant of a valid, unrevoked key, or None."""
-    stmt = select(ApiKey.tenant).where(
+def tenant_for_key(*, session: Session, key: str) -> tuple[str, bool] | None:
+    """(tenant, read_only) of a valid, unrevoked key, or None."""
+    stmt = select(ApiKey.tenant, ApiKey.read_only).where(
         ApiKey.key_hash == hash_key(key), ApiKey.revoked_at.is_(None)
     )
-    return session.scalar(stmt)
+    row = session.execute(stmt).first()
+    return (row[0], bool(row[1])) if row is not None else None
 
 
 def list_api_keys(*, session: Session, tenant: str | None = None) -> list[ApiKey]:
     """Keys (optionally of one tenant), oldest first."""
     stmt = select(ApiKey).order_by(ApiKey.created_at)
-    if tenant:
+    if tenant is not None:
         stmt = stmt.where(ApiKey.tenant == tenant)
     return list(session.scalars(stmt))
 

@@ -89,11 +89,11 @@ def list_jobs(
 ) -> list[Job]:
     """Jobs in queue order, optionally filtered by status, tenant and batch."""
     stmt = select(Job)
-    if status:
+    if status is not None:
         stmt = stmt.where(Job.status == status)
-    if tenant:
+    if tenant is not None:
         stmt = stmt.where(Job.tenant == tenant)
-    if batch_id:
+    if batch_id is not None:
         stmt = stmt.where(Job.batch_id == batch_id)
     stmt = stmt.order_by(Job.queued_at, Job.id).limit(limit).offset(offset)
     return list(session.scalars(stmt))
@@ -104,9 +104,9 @@ def count_by_status(
 ) -> dict[str, int]:
     """How many jobs are in each status (optionally within one batch and/or one tenant)."""
     stmt = select(Job.status, func.count()).group_by(Job.status)
-    if batch_id:
+    if batch_id is not None:
         stmt = stmt.where(Job.batch_id == batch_id)
-    if tenant:
+    if tenant is not None:
         stmt = stmt.where(Job.tenant == tenant)
     return {status: n for status, n in session.execute(stmt)}
 

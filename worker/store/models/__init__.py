@@ -19,3 +19,4 @@ from worker.store.models.api_job import ApiJob  # noqa: F401
 from worker.store.models.api_key import ApiKey  # noqa: F401
 from worker.store.models.batch_progress import BatchProgress  # noqa: F401
 from worker.store.models.file import StoredFile  # noqa: F401
+from worker.store.models.webhook_secret import WebhookSecret  # noqa: F401

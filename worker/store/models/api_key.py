@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import String
+from sqlalchemy import Boolean, String, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from worker.store.base import Base, UTCDateTime, utcnow
@@ -22,3 +22,5 @@ class ApiKey(Base):
     name: Mapped[str | None] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # A read-only key may only read (GET); every write answers 403.
+    read_only: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())

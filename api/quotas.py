@@ -1,0 +1,67 @@
+"""Per-tenant quotas: queued jobs, jobs per minute, open batches, stored bytes. Over a
+quota the request is answered 429 with ``Retry-After``; a quota of 0 is off.
+
+The counts are read just before the write, so concurrent requests of one tenant can pass
+a quota by the number in flight (a soft limit); the per-minute rate is a Redis counter
+per tenant and minute, exact."""
+
+from __future__ import annotations
+
+import time
+
+from api.context import Context
+from api.errors import ApiError
+from worker.store.crud.tenant_usage import open_batches, open_jobs, stored_bytes
+
+
+def _over(what: str, limit: int, retry_after: int, param: str | None = None) -> ApiError:
+    return ApiError(
+        429,
+        f"quota exceeded: {what} (the limit is {limit}); retry after {retry_after}s",
+        code="quota_exceeded",
+        param=param,
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
+def check_job_quotas(ctx: Context, tenant: str) -> None:
+    """Before a job submission: the tenant's open jobs and its submissions this minute."""
+    s = ctx.settings
+    if s.quota_queued_jobs:
+        with ctx.reads() as session:
+            n = open_jobs(session=session, tenant=tenant)
+        if n >= s.quota_queued_jobs:
+            raise _over(f"{n} jobs queued or running", s.quota_queued_jobs, 30)
+    if s.quota_jobs_per_minute:
+        now = time.time()
+        minute = int(now // 60)
+        key = f"{ctx.keys.prefix}:rate:{tenant}:{minute}"
+        pipe = ctx.redis.pipeline(transaction=True)
+        pipe.incr(key)
+        pipe.expire(key, 120)
+        count = int(pipe.execute()[0])
+        if count > s.quota_jobs_per_minute:
+            retry = max(1, 60 - int(now % 60))
+            raise _over("jobs submitted this minute", s.quota_jobs_per_minute, retry)
+
+
+def check_batch_quota(ctx: Context, tenant: str) -> None:
+    """Before a batch is created: the tenant's batches not yet ended."""
+    limit = ctx.settings.quota_open_batches
+    if not limit:
+        return
+    with ctx.reads() as session:
+        n = open_batches(session=session, tenant=tenant)
+    if n >= limit:
+        raise _over(f"{n} batches open", limit, 60)
+
+
+def check_storage_quota(ctx: Context, tenant: str, adding: int) -> None:
+    """Before a file of ``adding`` bytes is kept: the tenant's stored bytes."""
+    limit = ctx.settings.quota_stored_bytes
+    if not limit:
+        return
+    with ctx.reads() as session:
+        used = stored_bytes(session=session, tenant=tenant)
+    if used + adding > limit:
+        raise _over(f"{used} bytes stored, {adding} more asked", limit, 3600, param="file")

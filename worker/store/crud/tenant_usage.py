@@ -1,0 +1,69 @@
+"""What a tenant holds now (open jobs and batches, stored bytes), for the quotas, and
+the tenant's webhook signing secret."""
+
+from __future__ import annotations
+
+import secrets
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session
+
+from worker.store.base import utcnow
+from worker.store.models import Batch, Job, StoredFile, WebhookSecret
+
+OPEN_JOB_STATUSES = ("queued", "running")
+OPEN_BATCH_STATUSES = ("validating", "in_progress", "cancelling", "finalizing")
+
+
+def open_jobs(*, session: Session, tenant: str) -> int:
+    """Jobs of ``tenant`` queued or running."""
+    stmt = select(func.count()).where(Job.tenant == tenant, Job.status.in_(OPEN_JOB_STATUSES))
+    return int(session.scalar(stmt) or 0)
+
+
+def open_batches(*, session: Session, tenant: str) -> int:
+    """Batches of ``tenant`` that have not ended."""
+    stmt = select(func.count()).where(
+        Batch.tenant == tenant, Batch.status.in_(OPEN_BATCH_STATUSES)
+    )
+    return int(session.scalar(stmt) or 0)
+
+
+def stored_bytes(*, session: Session, tenant: str) -> int:
+    """Bytes of the files ``tenant`` has uploaded (and not deleted)."""
+    stmt = select(func.coalesce(func.sum(StoredFile.bytes), 0)).where(StoredFile.tenant == tenant)
+    return int(session.scalar(stmt) or 0)
+
+
+def webhook_secret(*, session: Session, tenant: str) -> str:
+    """The tenant's webhook signing secret, created (race-free) on first use."""
+    found = session.get(WebhookSecret, tenant)
+    if found is not None:
+        return found.secret
+    fresh = "whsec_" + secrets.token_urlsafe(32)
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(
+            pg_insert(WebhookSecret)
+            .values(tenant=tenant, secret=fresh, created_at=utcnow())
+            .on_conflict_do_nothing(index_elements=["tenant"])
+        )
+    else:
+        session.merge(WebhookSecret(tenant=tenant, secret=fresh, created_at=utcnow()))
+    session.flush()
+    session.expire_all()
+    row = session.get(WebhookSecret, tenant)
+    assert row is not None
+    return row.secret
+
+
+def rotate_webhook_secret(*, session: Session, tenant: str) -> str:
+    """Replace the tenant's webhook secret with a new one; returns it."""
+    fresh = "whsec_" + secrets.token_urlsafe(32)
+    row = session.get(WebhookSecret, tenant, with_for_update=True)
+    if row is None:
+        session.add(WebhookSecret(tenant=tenant, secret=fresh, created_at=utcnow()))
+    else:
+        row.secret, row.created_at = fresh, utcnow()
+    session.flush()
+    return fresh
