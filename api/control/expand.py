@@ -180,6 +180,7 @@ def _take_line(
             req,
             max_prompt_tokens=ctx.settings.max_prompt_tokens,
             max_tokens_limit=ctx.settings.max_tokens_limit,
+            max_model_len=ctx.settings.max_model_len,
         )
     except RequestParseError as exc:
         chunk.errors.append(

@@ -181,3 +181,13 @@ def test_auth_header_abuse(suite_env: ApiEnv) -> None:
              "invalid_api_key", None)
     _refused(c.get("/v1/jobs", headers={"Authorization": "Bearer nope"}), 401,
              "invalid_api_key", None)
+
+
+def test_prompt_bound_plus_max_tokens_must_fit_the_model(make_env) -> None:
+    env = make_env(max_model_len=100)
+    h = env.auth("t-context")
+    too_long = env.client.post("/v1/jobs", json={"prompt": "x" * 50, "max_tokens": 60}, headers=h)
+    _refused(too_long, 400, "prompt_too_long", "prompt")
+    assert "can exceed the model's context of 100 tokens" in too_long.json()["error"]["message"]
+    fits = env.client.post("/v1/jobs", json={"prompt": "x" * 50, "max_tokens": 40}, headers=h)
+    assert fits.status_code == 201, fits.text
