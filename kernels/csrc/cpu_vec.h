@@ -54,16 +54,31 @@ inline vf loadv(const scalar_t* p) {
 
 inline void storev(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
 
+// The lanes' sum and maximum by halving: log2(kLanes) shuffle-and-combine steps, so several
+// reductions in flight overlap (a lane-by-lane loop would be one long dependent chain).
+#if defined(__AVX512F__)
+template <typename Op>
+inline vf fold(vf v, Op op) {
+  v = op(v, __builtin_shuffle(v, vi{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
+  v = op(v, __builtin_shuffle(v, vi{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}));
+  v = op(v, __builtin_shuffle(v, vi{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}));
+  return op(v, __builtin_shuffle(v, vi{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}));
+}
+#else
+template <typename Op>
+inline vf fold(vf v, Op op) {
+  v = op(v, __builtin_shuffle(v, vi{4, 5, 6, 7, 0, 1, 2, 3}));
+  v = op(v, __builtin_shuffle(v, vi{2, 3, 0, 1, 6, 7, 4, 5}));
+  return op(v, __builtin_shuffle(v, vi{1, 0, 3, 2, 5, 4, 7, 6}));
+}
+#endif
+
 inline float hsum(vf v) {
-  float s = 0.f;
-  for (int i = 0; i < kLanes; ++i) s += v[i];
-  return s;
+  return fold(v, [](vf a, vf b) { return a + b; })[0];
 }
 
 inline float hmax(vf v) {
-  float m = v[0];
-  for (int i = 1; i < kLanes; ++i) m = std::max(m, v[i]);
-  return m;
+  return fold(v, [](vf a, vf b) { return a > b ? a : b; })[0];
 }
 
 // e^x per lane (about 1 ulp): -inf and anything below -87.3 give exactly 0, anything above
