@@ -139,11 +139,11 @@ def test_engine_fails_a_poisoned_request_alone() -> None:
     )
     execute = engine.runner.execute
 
-    def poisoned(scheduled):  # a "bad" row's logits become NaN at its 3rd token
-        logits = execute(scheduled).clone()
-        for i, s in enumerate(x for x in scheduled if x.samples):
+    def poisoned(plan):  # a "bad" row's logits become NaN at its 3rd token
+        logits = execute(plan).clone()
+        for s, row in plan.logits_rows.owners:  # [rows, vocab]: the plan's one row layout
             if s.seq.request_id.startswith("bad") and len(s.seq.output_token_ids) == 2:
-                logits[i] = float("nan")
+                logits[row] = float("nan")
         return logits
 
     engine.runner.execute = poisoned  # type: ignore[method-assign]
