@@ -54,8 +54,8 @@ def create(
 ) -> dict[str, Any]:
     """Create a batch from an uploaded JSONL file. Answers ``validating`` at once; its lines
     become jobs in the background (resumed after a crash by the control plane's beat)."""
+    admit_or_refuse(ctx, "batch")  # 429/503 before anything is written or counted
     check_batch_quota(ctx, tenant)  # 429 over the tenant's quota
-    admit_or_refuse(ctx, "batch")  # 429/503 before anything is written
     with ctx.session_factory.begin() as session:
         known_id("file", payload.input_file_id, param="input_file_id")
         f = get_file(session=session, file_id=payload.input_file_id, tenant=tenant)

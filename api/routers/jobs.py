@@ -129,8 +129,8 @@ def create_job(
         replay = _replay(ctx, tenant, key, digest)
         if replay is not None:
             return replay
+    admit_or_refuse(ctx, payload.queue_class)  # 429/503 before anything is written or counted
     check_job_quotas(ctx, tenant)  # 429 over the tenant's quotas
-    admit_or_refuse(ctx, payload.queue_class)  # 429/503 before anything is written
     job = NewJob(
         request={"url": endpoint, "body": body},
         tenant=tenant,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.abuse.cases import CASES, MAX_PROMPT_TOKENS, MAX_TOKENS_LIMIT
-from tests.api.conftest import REDIS_URL, ApiEnv, jsonl
+from tests.api.conftest import REDIS_URL, ApiEnv, jsonl, wait_expanded
 from tests.service.helpers import wait_for
 from worker.protocol.openai_batch import RequestParseError, parse_request_body
 
@@ -93,8 +93,9 @@ def test_bad_inputs_beside_good_jobs(make_env, caplog: pytest.LogCaptureFixture)
     up = c.post("/v1/files", files={"file": ("mixed.jsonl", raw, "application/jsonl")},
                 data={"purpose": "batch"}, headers=h)
     assert up.status_code == 200, up.text
-    batch = c.post("/v1/batches", json={"input_file_id": up.json()["id"],
-                                        "endpoint": "/v1/completions"}, headers=h).json()
+    created = c.post("/v1/batches", json={"input_file_id": up.json()["id"],
+                                          "endpoint": "/v1/completions"}, headers=h).json()
+    batch = wait_expanded(env, h, created["id"])  # the API answers validating, expands after
     n_bad = len(bad_cases) + len(RAW_LINES)
     assert batch["request_counts"] == {"total": len(good_lines) + n_bad, "completed": 0,
                                        "failed": n_bad}, batch
