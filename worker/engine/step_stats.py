@@ -2,9 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from worker.engine.block_manager import BlockManager
 from worker.engine.outputs import RequestOutput, StepStats
 from worker.engine.scheduler import Scheduler
+from worker.engine.sequence import Sequence
 from worker.engine.step_plan import SchedulerOutput
+
+
+def distinct_kv_tokens(holding: Iterable[Sequence], bm: BlockManager) -> int:
+    """Tokens whose K/V sit in the holders' blocks, a block shared by several sequences (a
+    cached prompt prefix, forked samples) counted once. Sharing is always a prefix of a
+    block table, so each sequence is walked only over its shared head."""
+    total = 0
+    shared: dict[int, int] = {}  # shared block -> the most tokens any holder has in it
+    bs = bm.block_size
+    for seq in holding:
+        total += seq.num_computed_tokens
+        for j, block in enumerate(seq.block_table):
+            if bm.ref_counts[block] <= 1:
+                break
+            filled = min(bs, seq.num_computed_tokens - j * bs)
+            if filled <= 0:
+                break
+            total -= filled
+            shared[block] = max(shared.get(block, 0), filled)
+    return total + sum(shared.values())
 
 
 def step_stats(
@@ -37,7 +61,7 @@ def step_stats(
         sample_seconds=sample_s,
         start_time=start,
         num_cached_tokens=plan.num_cached_tokens,
-        kv_tokens=sum(s.num_computed_tokens for s in holding),
+        kv_tokens=distinct_kv_tokens(holding, bm),
         num_scheduled_seqs=len(plan.scheduled),
         num_waiting_before=waiting_before,
         num_draft_tokens=plan.num_draft_tokens,
