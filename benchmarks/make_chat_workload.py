@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from worker.engine.bench.workload import BenchRequest, read_workload, write_workload
+from worker.engine.bench.workload import BenchRequest, write_or_check
 
 SEED = 12
 LOGNORMAL_MU = 4.4
@@ -93,12 +93,9 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_checkpoint_dir(MODEL)))
     requests = make_chat_workload(tokenizer, args.seed)
-    if args.check:
-        if read_workload(args.out) != requests:
-            print(f"{args.out} differs from make_chat_workload(seed={args.seed})", file=sys.stderr)
-            return 1
-    else:
-        write_workload(args.out, requests)
+    if not write_or_check(args.out, requests, check=args.check,
+                          source=f"make_chat_workload(seed={args.seed})"):
+        return 1
     print(f"{args.out}: {describe(requests)}")
     return 0
 

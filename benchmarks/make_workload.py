@@ -21,9 +21,8 @@ import numpy as np
 
 from worker.engine.bench.workload import (
     BenchRequest,
-    read_workload,
     static_utilization,
-    write_workload,
+    write_or_check,
 )
 
 SEED = 7  # the first seed >= 0 whose U_static rounds to 0.31
@@ -71,12 +70,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="verify that --out equals a fresh generation; write nothing")
     args = parser.parse_args(argv)
     requests = make_workload(args.seed)
-    if args.check:
-        if read_workload(args.out) != requests:
-            print(f"{args.out} differs from make_workload(seed={args.seed})", file=sys.stderr)
-            return 1
-    else:
-        write_workload(args.out, requests)
+    if not write_or_check(args.out, requests, check=args.check,
+                          source=f"make_workload(seed={args.seed})"):
+        return 1
     print(f"{args.out}: {describe(requests)}")
     return 0
 

@@ -6,6 +6,7 @@ Nothing here imports torch: the workload generator and the metrics use it too.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,19 @@ def write_workload(path: str | Path, requests: Iterable[BenchRequest]) -> None:
         for r in requests:
             row = {"id": r.id, "max_tokens": r.max_tokens, "prompt_token_ids": r.prompt_token_ids}
             f.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+
+def write_or_check(path: str | Path, requests: list[BenchRequest], *, check: bool,
+                   source: str) -> bool:
+    """Write ``requests`` to ``path``, or with ``check`` only compare them with the file;
+    False (and a message naming ``source``) when the committed file differs."""
+    if not check:
+        write_workload(path, requests)
+        return True
+    if read_workload(path) != requests:
+        print(f"{path} differs from {source}", file=sys.stderr)
+        return False
+    return True
 
 
 def fit_to_vocab(requests: Sequence[BenchRequest], vocab_size: int) -> list[BenchRequest]:
