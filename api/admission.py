@@ -19,9 +19,14 @@ def admit_or_refuse(ctx: Context, queue_class: str) -> None:
             max_depth=ctx.settings.max_queue_depth,
         )
     except QueueRefused as exc:
-        raise ApiError(
-            429 if exc.full else 503,
-            f"{exc}; retry after {exc.retry_after} s",
-            code="queue_full" if exc.full else "queue_unavailable",
-            headers={"Retry-After": str(exc.retry_after)},
-        ) from exc
+        raise refusal(exc) from exc
+
+
+def refusal(exc: QueueRefused) -> ApiError:
+    """The 429 (queue full) or 503 (Redis refusing or unreachable) answer, with Retry-After."""
+    return ApiError(
+        429 if exc.full else 503,
+        f"{exc}; retry after {exc.retry_after} s",
+        code="queue_full" if exc.full else "queue_unavailable",
+        headers={"Retry-After": str(exc.retry_after)},
+    )

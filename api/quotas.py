@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import time
 
+import redis
+
+from api.admission import refusal
 from api.context import Context
 from api.errors import ApiError
+from worker.queue.admission import redis_refusal
 from worker.store.crud.tenant_usage import open_batches, open_jobs, stored_bytes
 
 
@@ -39,7 +43,10 @@ def check_job_quotas(ctx: Context, tenant: str) -> None:
         pipe = ctx.redis.pipeline(transaction=True)
         pipe.incr(key)
         pipe.expire(key, 120)
-        count = int(pipe.execute()[0])
+        try:
+            count = int(pipe.execute()[0])
+        except redis.RedisError as exc:  # the counter is a write: same answer as admission
+            raise refusal(redis_refusal(exc)) from exc
         if count > s.quota_jobs_per_minute:
             retry = max(1, 60 - int(now % 60))
             raise _over("jobs submitted this minute", s.quota_jobs_per_minute, retry)

@@ -104,3 +104,15 @@ def test_enqueue_stops_clearly_and_reruns_without_duplicates(
     assert len(published) == 10 and max(published.values()) == 1  # no duplicates
     assert run(0).stdout == ""  # a fourth run finds everything enqueued
     r.close()
+
+
+def test_a_redis_failure_is_refused_without_its_address() -> None:
+    import redis
+
+    from worker.queue.admission import redis_refusal
+
+    down = redis_refusal(redis.ConnectionError("Error 111 connecting to 10.1.2.3:6379. Refused."))
+    assert not down.full and down.retry_after > 0
+    assert "10.1.2.3" not in str(down) and "ConnectionError" in str(down)
+    oom = redis_refusal(redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'."))
+    assert "refuses writes" in str(oom) and "maxmemory" in str(oom)

@@ -7,12 +7,15 @@ is committed to SQL for a job that could not be published."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
 
 from worker.queue.keys import QueueKeys
+
+log = logging.getLogger(__name__)
 
 RETRY_AFTER_FULL_S = 10
 RETRY_AFTER_DOWN_S = 5
@@ -26,6 +29,19 @@ class QueueRefused(Exception):
         super().__init__(message)
         self.full = full
         self.retry_after = retry_after
+
+
+def redis_refusal(exc: redis.RedisError) -> QueueRefused:
+    """The refusal for a failed Redis write: Redis's own reason when it answered (OOM,
+    READONLY, MISCONF ...); the error's kind only when it could not be reached, since that
+    text names the server's address (logged here for the operator, never answered)."""
+    if isinstance(exc, redis.ResponseError):
+        reason = str(exc).splitlines()[0].split("caused error: ")[-1].rstrip(".")
+        message = f"the queue refuses writes ({type(exc).__name__}: {reason})"
+    else:  # connection refused, timeout
+        log.warning("queue unreachable: %s", exc)
+        message = f"the queue is unreachable ({type(exc).__name__})"
+    return QueueRefused(message, full=False, retry_after=RETRY_AFTER_DOWN_S)
 
 
 @dataclass
@@ -46,19 +62,8 @@ def admit(
         pipe.set(f"{keys.prefix}:admission-probe", "1", px=5000)
         pipe.xlen(stream)
         _, depth = pipe.execute()
-    except redis.ResponseError as exc:  # OOM, READONLY, MISCONF ...
-        reason = str(exc).splitlines()[0].split("caused error: ")[-1].rstrip(".")
-        raise QueueRefused(
-            f"the queue refuses writes ({type(exc).__name__}: {reason})",
-            full=False,
-            retry_after=RETRY_AFTER_DOWN_S,
-        ) from exc
-    except redis.RedisError as exc:  # connection refused, timeout
-        raise QueueRefused(
-            f"the queue is unreachable ({type(exc).__name__}: {exc})",
-            full=False,
-            retry_after=RETRY_AFTER_DOWN_S,
-        ) from exc
+    except redis.RedisError as exc:
+        raise redis_refusal(exc) from exc
     if not max_depth:
         return Admission(room=offered)
     room = max_depth - int(depth)
