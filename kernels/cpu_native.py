@@ -17,11 +17,15 @@ AVX-512 build where the CPU has it (the tests run both).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
+import logging
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -39,6 +43,7 @@ ISA_FLAGS = {  # compiler flags of each build; the source picks its vector width
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
 }
 ISA_ENV = "INFLIGHT_CPU_ISA"
+logger = logging.getLogger(__name__)
 
 
 def supported_isas() -> list[str]:
@@ -86,6 +91,36 @@ def sources_digest() -> str:
     return digest.hexdigest()[:10]
 
 
+def build_directory(full_name: str) -> Path:
+    """Where the build of ``full_name`` lives: ``$TORCH_EXTENSIONS_DIR/inflight/<name>``
+    (default root ``~/.cache/torch_extensions``), one folder per Python version."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "torch_extensions")
+    python = f"py{sys.version_info.major}{sys.version_info.minor}"
+    return Path(root) / "inflight" / python / full_name
+
+
+@contextlib.contextmanager
+def exclusive_build(directory: Path) -> Iterator[None]:
+    """Hold the build of ``directory`` alone, clearing a lock a killed build left behind.
+
+    torch marks a build in progress with a ``lock`` file and waits, without end, while it
+    exists; a build killed half-way (a stopped test run, a killed worker) leaves it, and every
+    later start would hang. An ``flock`` is released by the kernel when its holder dies, so
+    while we hold it no other build of ours runs here and a ``lock`` file can only be stale.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "inflight-build.flock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            stale = directory / "lock"
+            if stale.exists():
+                logger.warning("removing the stale build lock %s left by a killed build", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @functools.cache
 def build(name: str, source: str, isa: str, extra_cflags: tuple[str, ...] = ()) -> ModuleType:
     """Compile (or load the cached build of) ``csrc/<source>`` for ``isa`` as ``name``."""
@@ -93,13 +128,17 @@ def build(name: str, source: str, isa: str, extra_cflags: tuple[str, ...] = ()) 
 
     if shutil.which("ninja") is None:  # the pip `ninja` wheel puts it next to the interpreter
         os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-    return load(
-        name=f"{name}_{isa}_{sources_digest()}",
-        sources=[str(CSRC / source)],
-        extra_cflags=["-O3", *ISA_FLAGS[isa], "-fopenmp", *extra_cflags],
-        extra_ldflags=["-fopenmp"],
-        verbose=False,
-    )
+    full_name = f"{name}_{isa}_{sources_digest()}"
+    directory = build_directory(full_name)
+    with exclusive_build(directory):
+        return load(
+            name=full_name,
+            sources=[str(CSRC / source)],
+            extra_cflags=["-O3", *ISA_FLAGS[isa], "-fopenmp", *extra_cflags],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(directory),
+            verbose=False,
+        )
 
 
 def decode_attention(
