@@ -74,6 +74,7 @@ def job_view(
         "metadata": body.get("metadata"),
         "user": body.get("user"),
         "worker_id": job.worker_id,
+        "isolation": job.isolation,
         "usage": usage(job),
         "error": (
             {"message": job.error, "type": "job_error", "code": job.status} if job.error else None

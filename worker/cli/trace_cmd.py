@@ -106,6 +106,7 @@ def trace_dict(trace: JobTrace) -> dict[str, Any]:
         "worker_id": trace.worker_id,
         "attempts": trace.attempts,
         "error": trace.error,
+        "isolation": trace.isolation,
         "finish_reason": trace.finish_reason,
         "prompt_tokens": trace.prompt_tokens,
         "completion_tokens": trace.completion_tokens,
@@ -144,6 +145,8 @@ def format_trace(trace: JobTrace, *, now: datetime | None = None) -> str:
                      f"{trace.completion_tokens}")  # fmt: skip
     if trace.error:
         lines.append(f"  error        {trace.error}")
+    if trace.isolation:
+        lines.append(f"  isolated     {trace.isolation}")
     lines.append("timeline")
     base = trace.queued_at
     for label, t in (("queued", trace.queued_at), ("started", trace.started_at),

@@ -6,6 +6,7 @@ import argparse
 import logging
 
 from worker.cli.engine_flags import add_engine_flags, engine_kwargs_from
+from worker.service.config import WorkerConfig
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -33,7 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     q = p.add_argument_group("queue")
     q.add_argument("--prefetch", type=int, default=4, help="jobs read ahead of engine capacity")
     q.add_argument(
-        "--max-deliveries", type=int, default=3, help="dead-letter after this many deliveries"
+        "--max-deliveries", type=int, default=WorkerConfig.max_deliveries,
+        help="dead-letter after this many deliveries, even without proof the job is the poison"
     )
     q.add_argument(
         "--claim-idle-ms", type=int, default=60_000, help="take over entries idle this long"
@@ -54,7 +56,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def config_from_args(args: argparse.Namespace):
     """The WorkerConfig these flags (and REDIS_URL / DATABASE_URL) describe."""
     from worker.queue.connection import redis_url
-    from worker.service.config import WorkerConfig
     from worker.store.db import database_url
 
     return WorkerConfig(

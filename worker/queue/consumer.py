@@ -11,6 +11,7 @@ from worker.queue.delivery import Delivery
 from worker.queue.group import ensure_groups, is_nogroup
 from worker.queue.keys import QueueKeys
 from worker.queue.message import JobMessage, MessageError
+from worker.queue.suspects import field_of
 
 
 def to_delivery(
@@ -150,7 +151,8 @@ def id_key(entry_id: str) -> tuple[int, int]:
 
 
 def ack(*, redis_client: redis.Redis, keys: QueueKeys, entries: Iterable[tuple[str, str]]) -> int:
-    """XACK ``(stream, entry_id)`` pairs in one pipeline; returns how many were pending."""
+    """XACK ``(stream, entry_id)`` pairs in one pipeline, dropping any evidence kept on them
+    (their run ended); returns how many were pending."""
     by_stream: dict[str, list[str]] = {}
     for stream, entry_id in entries:
         by_stream.setdefault(stream, []).append(entry_id)
@@ -159,7 +161,9 @@ def ack(*, redis_client: redis.Redis, keys: QueueKeys, entries: Iterable[tuple[s
     pipe = redis_client.pipeline(transaction=False)
     for stream, ids in by_stream.items():
         pipe.xack(stream, keys.group, *ids)
-    return sum(int(n) for n in pipe.execute(raise_on_error=False) if isinstance(n, int))
+    pipe.hdel(keys.suspects, *(field_of(s, e) for s, ids in by_stream.items() for e in ids))
+    replies = pipe.execute(raise_on_error=False)[: len(by_stream)]
+    return sum(int(n) for n in replies if isinstance(n, int))
 
 
 def touch(

@@ -1,6 +1,7 @@
 """Hand entries back to the group as fresh ones: a worker that cannot run what it holds
-(its engine broke) re-publishes each entry and acks the old one, so another worker reads it
-at once and the failed attempt does not count as a delivery toward the dead-letter limit."""
+(its engine broke, or it drains) re-publishes each entry and acks the old one, so another
+worker reads it at once and the attempt counts neither as a delivery toward the dead-letter
+limit nor as evidence against the job (its suspect record is dropped)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import redis
 
 from worker.queue.delivery import Delivery
 from worker.queue.keys import QueueKeys
+from worker.queue.suspects import field_of
 
 # Ack the old entry and, only if it was still pending, add its copy: running this again
 # after a lost reply neither adds a second copy nor loses the entry.
@@ -32,4 +34,5 @@ def hand_back(*, redis_client: redis.Redis, keys: QueueKeys, deliveries: Sequenc
     for d in deliveries:
         flat = [x for kv in (d.fields or {}).items() for x in kv]
         script(keys=[d.stream], args=[keys.group, d.entry_id, *flat], client=pipe)
-    return sum(int(n) for n in pipe.execute())
+    pipe.hdel(keys.suspects, *(field_of(d.stream, d.entry_id) for d in deliveries))
+    return sum(int(n) for n in pipe.execute()[: len(deliveries)])

@@ -31,6 +31,11 @@ class QueueKeys:
         return f"{self.prefix}:jobs:dead"
 
     @property
+    def suspects(self) -> str:
+        """Hash of evidence against redelivered entries (see ``worker.queue.suspects``)."""
+        return f"{self.prefix}:suspects"
+
+    @property
     def cancels(self) -> str:
         """Set of job ids whose cancellation a worker must carry out."""
         return f"{self.prefix}:cancels"

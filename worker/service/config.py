@@ -18,7 +18,9 @@ class WorkerConfig:
     prefix: str = "inflight"  # Redis key prefix
     group: str = "workers"
     prefetch: int = 4  # jobs read beyond what the engine can admit now, so slots never idle
-    max_deliveries: int = 3  # past this many deliveries a job is dead-lettered
+    # past this many deliveries a job is dead-lettered even without proof it is the poison:
+    # room for the bisection of a full batch of suspects (256 -> 1 in 8 halvings, plus one)
+    max_deliveries: int = 10
     claim_idle_ms: int = 60_000  # entries idle this long belong to a dead worker
     claim_interval: float = 5.0
     heartbeat_interval: float = 2.0

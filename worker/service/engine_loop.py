@@ -3,9 +3,11 @@ cancellations between steps, drain on SIGTERM.
 
 A job that fails validation or tokenization fails alone. If ``engine.step()`` raises, every
 job that was in the engine is aborted and a known-good probe runs alone: if it passes, the
-jobs are re-run one at a time, so only the job that makes the step fail is failed (with the
-error) and the others go on; if it fails too, the engine is broken and every held job is
-handed back unfailed (:mod:`worker.service.engine_health`).
+jobs are bisected: each half re-runs as a group with nothing else in the engine, a group
+that fails again is halved again, and a job that fails on its own is failed with the error.
+One bad job among N costs about log2(N) re-runs while the others finish in groups. If the
+probe fails too, the engine is broken and every held job is handed back unfailed
+(:mod:`worker.service.engine_health`).
 """
 
 from __future__ import annotations
@@ -97,8 +99,9 @@ class EngineLoop:
         self._cancel_requests: set[str] = set()
         self.active: dict[str, HeldJob] = {}
         self.cancelling: set[str] = set()
-        self.isolate: deque[HeldJob] = deque()
-        self.isolated_active: str | None = None
+        self.isolate: deque[list[HeldJob]] = deque()  # groups waiting to run alone
+        self.isolated_group: set[str] = set()  # the group running alone now
+        self.isolated_runs = 0  # groups run alone plus suspect cohorts (a metric)
         self.steps = 0
         self.finished = 0
         self.failed = 0
@@ -118,19 +121,24 @@ class EngineLoop:
         """How many more jobs the intake should read now (no hoarding: what the engine can
         admit, plus a small prefetch, minus what is already buffered)."""
         with self.lock:
-            if self.isolate or self.isolated_active is not None:
+            if self.isolation_busy():
                 return 0
             return self._capacity + self.config.prefetch - len(self.inbox)
 
-    def add_isolated(self, held: list[HeldJob]) -> None:
-        """Queue suspect jobs (redelivered after a crash) to run alone, one at a time."""
+    def add_cohort(self, held: list[HeldJob], *, alone: bool) -> None:
+        """Run a cohort of suspects (redelivered after their worker died): ``alone`` with
+        nothing else in the engine, else beside the normal batch."""
         with self.lock:
-            self.isolate.extend(held)
+            if alone:
+                self.isolate.append(list(held))
+            else:
+                self.isolated_runs += 1
+                self.inbox.put(held)
         self.work_ready.set()
 
     def isolation_busy(self) -> bool:
-        """True while a suspect waits or runs alone."""
-        return bool(self.isolate) or self.isolated_active is not None
+        """True while a group waits to run alone or runs alone."""
+        return bool(self.isolate) or bool(self.isolated_group)
 
     def request_cancel(self, job_ids: set[str]) -> None:
         """Ask for these jobs to be aborted between steps."""
@@ -147,7 +155,7 @@ class EngineLoop:
             if self.flags.draining.is_set():
                 if self._drain_step():
                     return
-            elif self.isolate or self.isolated_active is not None:
+            elif self.isolation_busy():
                 self._admit_isolated()
             else:
                 self._admit()
@@ -169,7 +177,7 @@ class EngineLoop:
             wanted = cap + self.config.prefetch - len(self.inbox)
         # Wake the intake only when it has something to read: a wake-up on every step costs
         # the engine's matmuls a core's time slice on a small machine.
-        if wanted > 0 and not self.isolate and self.isolated_active is None:
+        if wanted > 0 and not self.isolation_busy():
             self.want_changed.set()
 
     def _admit(self) -> None:
@@ -184,20 +192,17 @@ class EngineLoop:
             self._capacity = self.engine.admission_capacity()
 
     def _admit_isolated(self) -> None:
-        if self.isolated_active is not None and self.isolated_active not in self.active:
-            self.isolated_active = None
-        if (
-            self.isolated_active is not None
-            or self.engine.has_unfinished_requests()
-            or not self.isolate
-        ):
+        """Start the next group waiting to run alone once the engine is empty."""
+        self.isolated_group &= self.active.keys()
+        if self.isolated_group or self.engine.has_unfinished_requests() or not self.isolate:
             return
         with self.lock:
-            held = self.isolate.popleft()
-        log.info("running suspect job %s alone", held.job_id)
-        self._add(held)
-        if held.job_id in self.active:
-            self.isolated_active = held.job_id
+            group = self.isolate.popleft()
+            self.isolated_runs += 1
+        log.info("running %d suspect job(s) alone: %s", len(group), [h.job_id for h in group])
+        for held in group:
+            self._add(held)
+        self.isolated_group = {h.job_id for h in group} & self.active.keys()
 
     def _add(self, held: HeldJob) -> None:
         msg = held.delivery.message
@@ -219,7 +224,9 @@ class EngineLoop:
 
     def _fail(self, held: HeldJob, error: str) -> None:
         self.failed += 1
-        result = JobResult(job_id=held.job_id, status="failed", error=error)
+        result = JobResult(
+            job_id=held.job_id, status="failed", error=error, isolation=held.isolation
+        )
         self.writer.put(Finished(result, held, self._timeline(held, result)))
 
     def _timeline(self, held: HeldJob, result: JobResult, metrics: Any = None) -> Any:
@@ -293,6 +300,7 @@ class EngineLoop:
             finished_at=from_epoch(m.finished_time) or utcnow(),
             first_step=m.first_step,
             last_step=m.last_step,
+            isolation=held.isolation,
         )
         self.writer.put(Finished(result, held, self._timeline(held, result, m)))
 
@@ -333,7 +341,16 @@ class EngineLoop:
         if len(suspects) == 1:
             self._fail(suspects[0], f"the engine failed on this job: {_error_text(exc)}")
             return
-        self.isolate.extendleft(reversed(suspects))
+        half = (len(suspects) + 1) // 2
+        groups = [suspects[:half], suspects[half:]]
+        for group in groups:
+            for h in group:
+                h.isolation = (
+                    f"engine step {self.steps + 1} failed with {len(suspects)} jobs in it "
+                    f"({_error_text(exc)}); re-run in an isolated group of {len(group)}"
+                )
+        with self.lock:
+            self.isolate.extendleft(reversed(groups))
 
     def hand_back_all(self, extra: list[HeldJob] | None = None) -> int:
         """Stop taking work and hand every held job (``extra``, running, buffered, waiting
@@ -341,9 +358,10 @@ class EngineLoop:
         for what it delivered meanwhile."""
         self.flags.request_drain()
         with self.lock:
-            left = [*(extra or []), *self.active.values(), *self.inbox.take_all(), *self.isolate]
+            waiting = [h for group in self.isolate for h in group]
+            left = [*(extra or []), *self.active.values(), *self.inbox.take_all(), *waiting]
             self.isolate.clear()
-            self.isolated_active = None
+            self.isolated_group = set()
         for h in self.active.values():
             self.engine.abort_request(h.job_id)
         self.active.clear()
@@ -358,9 +376,9 @@ class EngineLoop:
             log.info("draining: intake stopped, finishing %d running jobs", len(self.active))
             self.on_drain()
             with self.lock:
-                left = self.inbox.take_all() + list(self.isolate)
+                left = self.inbox.take_all() + [h for group in self.isolate for h in group]
                 self.isolate.clear()
-                self.isolated_active = None
+                self.isolated_group = set()
             if left:
                 self.writer.put(Release(left))
         if not self.active and not self.engine.has_unfinished_requests():

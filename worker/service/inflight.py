@@ -18,6 +18,7 @@ class HeldJob:
     entry_id: str
     delivery: Delivery
     received: float = field(default_factory=time.time)
+    isolation: str | None = None  # why it runs isolated (kept with its result)
 
 
 class Registry:
@@ -50,6 +51,11 @@ class Registry:
         """(stream, entry id) of every held job."""
         with self._lock:
             return [(j.stream, j.entry_id) for j in self._jobs.values()]
+
+    def holds_any(self, job_ids: set[str]) -> bool:
+        """True while any of these jobs is still held (not yet acked or let go)."""
+        with self._lock:
+            return any(j in self._jobs for j in job_ids)
 
     def job_ids(self) -> list[str]:
         """Ids of every held job."""

@@ -1,8 +1,11 @@
 """Intake: pulls from Redis only what the engine can admit soon, interactive first.
 
 On start it first replays this consumer's own pending entries; every ``claim_interval`` it
-takes over entries left idle by dead workers (and replays those the same way). Entries delivered too often are dead-lettered;
-redelivered jobs that already ended are acked and skipped; the rest are marked running in
+takes over entries left idle by dead workers (and replays those the same way). Entries
+delivered once before go back into normal batches; entries delivered more often are
+suspects and run in cohorts sized by the evidence against them (``worker.queue.suspects``):
+a job is dead-lettered when its worker died while it ran alone, or past the delivery limit.
+Redelivered jobs that already ended are acked and skipped; the rest are marked running in
 SQL and handed to the engine loop.
 """
 
@@ -22,6 +25,7 @@ from worker.queue.consumer import own_pending, read_new, redeliver, touch
 from worker.queue.dead_letter import dead_letter, over_limit
 from worker.queue.delivery import Delivery
 from worker.queue.keys import QueueKeys
+from worker.queue.suspects import open_runs, read_evidence
 from worker.service.config import WorkerConfig
 from worker.service.flags import Flags
 from worker.service.inbox import Inbox
@@ -53,7 +57,7 @@ class Intake:
         want_fn: Callable[[], int],
         work_ready: threading.Event,
         want_changed: threading.Event,
-        isolate_fn: Callable[[list[HeldJob]], None],
+        cohort_fn: Callable[..., None],
         isolation_busy: Callable[[], bool],
     ) -> None:
         self.config = config
@@ -69,8 +73,9 @@ class Intake:
         self.want_fn = want_fn
         self.work_ready = work_ready
         self.want_changed = want_changed
-        self.isolate_fn = isolate_fn
+        self.cohort_fn = cohort_fn  # (held, *, alone) -> runs a cohort of suspects
         self.isolation_busy = isolation_busy
+        self._cohort: set[str] = set()  # job ids of the suspect cohort running now
         self.received = 0
         self.skipped = 0
         self.dead_lettered = 0
@@ -139,9 +144,8 @@ class Intake:
     def _work_backlog(self, want: int) -> float | None:
         """Redeliver entries this consumer owns but does not hold (left by its previous
         process, or taken over from a dead worker). Entries delivered at most once go in
-        batches as room allows; those delivered more often are suspects and are
-        redelivered one at a time, each run alone. Returns when to look again (None: the
-        backlog is empty)."""
+        batches as room allows; those delivered more often are suspects and go in cohorts
+        (:meth:`_run_cohort`). Returns when to look again (None: the backlog is empty)."""
         held = {(s, e) for s, e in self.registry.entries()}
         pending = [
             p
@@ -162,18 +166,59 @@ class Intake:
             self.replayed += len(got)
             self.accept(got)
             return time.monotonic()
-        if suspects and not fresh and self.isolation_busy() is False:
-            got = redeliver(
-                redis_client=self.redis,
-                keys=self.keys,
-                consumer=self.consumer,
-                entries=suspects[:1],
-            )
-            self.replayed += len(got)
-            self.accept(got, isolated=True)
+        if suspects and not fresh and not self._cohort_busy() and self._run_cohort(suspects, want):
             return time.monotonic()
         self.touch_backlog(pending)
         return time.monotonic() + 0.1
+
+    def _cohort_busy(self) -> bool:
+        self._cohort = {j for j in self._cohort if self.registry.get(j) is not None}
+        return bool(self._cohort) or self.isolation_busy()
+
+    def _run_cohort(self, suspects: list[tuple[str, str]], want: int) -> bool:
+        """Start the next cohort of suspects; False when there is no room for it yet.
+
+        Suspects with the most evidence go first; the cohort is half the size of the last
+        one that died with its first member (all the room there is when none did). A
+        suspect whose worker died while it ran alone is dead-lettered, not run again."""
+        evidence = read_evidence(redis_client=self.redis, keys=self.keys, entries=suspects)
+        guilty = [e for e in suspects if evidence[e].crashed_alone]
+        if guilty:
+            got = redeliver(
+                redis_client=self.redis, keys=self.keys, consumer=self.consumer, entries=guilty
+            )
+            self._dead_letter(
+                got,
+                "its worker died while it ran alone: it reproduces the failure by itself",
+                {(d.stream, d.entry_id): evidence[(d.stream, d.entry_id)].describe() for d in got},
+            )
+            return True
+        suspects = sorted(suspects, key=lambda e: evidence[e].next_cohort_size(1 << 30))
+        cap = evidence[suspects[0]].next_cohort_size(1 << 30)
+        if cap > 1 and want <= 0:
+            return False  # a cohort beside the batch waits for room; one alone needs none
+        cohort = suspects[: min(cap, max(want, 1))]
+        open_runs(
+            redis_client=self.redis,
+            keys=self.keys,
+            cohort={e: evidence[e] for e in cohort},
+            worker=self.worker_id,
+        )
+        got = redeliver(redis_client=self.redis, keys=self.keys, consumer=self.consumer, entries=cohort)
+        self.replayed += len(got)
+        alone = len(cohort) == 1
+        notes = {
+            (d.stream, d.entry_id): (
+                f"redelivered (delivery {d.deliveries}): "
+                f"{evidence[(d.stream, d.entry_id)].describe()}; ran "
+                + ("alone" if alone else f"in a cohort of {len(cohort)} suspects")
+            )
+            for d in got
+        }
+        self._cohort = {d.job_id for d in got if d.job_id}
+        log.info("running a cohort of %d suspect job(s)%s", len(got), " alone" if alone else "")
+        self.accept(got, cohort_alone=alone, notes=notes)
+        return True
 
     def touch_backlog(self, pending: list[tuple[str, str, int]]) -> None:
         """Keep owned-but-waiting entries from looking stale to other workers."""
@@ -184,47 +229,47 @@ class Intake:
             entries=[(s, e) for s, e, _ in pending],
         )
 
-    def accept(self, deliveries: list[Delivery], *, isolated: bool = False) -> None:
-        """Dead-letter, skip or hold what was delivered (one SQL round trip for the lot)."""
+    def accept(
+        self,
+        deliveries: list[Delivery],
+        *,
+        cohort_alone: bool | None = None,
+        notes: dict[tuple[str, str], str] | None = None,
+    ) -> None:
+        """Dead-letter, skip or hold what was delivered (one SQL round trip for the lot).
+        ``cohort_alone`` (None: not a cohort) runs the held jobs as a cohort of suspects;
+        ``notes`` says why each runs isolated, kept with its result."""
         if not deliveries:
             return
+        notes = notes or {}
         self.received += len(deliveries)
-        dead = [
+        unreadable = [d for d in deliveries if d.message is None]
+        over = [
             d
             for d in deliveries
-            if d.message is None or over_limit(d, max_deliveries=self.config.max_deliveries)
+            if d.message is not None and over_limit(d, max_deliveries=self.config.max_deliveries)
         ]
-        dead_ids = {id(d) for d in dead}
-        if dead:
-            for reason, group in (
-                ("unreadable message", [d for d in dead if d.message is None]),
-                (
-                    f"delivered more than {self.config.max_deliveries} times without a result "
-                    "(it crashed or stalled its worker each time)",
-                    [d for d in dead if d.message is not None],
-                ),
-            ):
-                if group:
-                    retry(
-                        functools.partial(
-                            dead_letter,
-                            redis_client=self.redis,
-                            session_factory=self.session_factory,
-                            keys=self.keys,
-                            deliveries=group,
-                            reason=reason,
-                        ),
-                        what="dead-letter",
-                        stop=self.flags.draining,
-                    )
-            self.dead_lettered += len(dead)
+        self._dead_letter(unreadable, "unreadable message")
+        self._dead_letter(
+            over,
+            f"delivered more than {self.config.max_deliveries} times without a result "
+            "(it crashed or stalled its worker each time)",
+            notes,
+        )
+        dead_ids = {id(d) for d in unreadable + over}
         live = [d for d in deliveries if id(d) not in dead_ids]
         # Held (so kept touched) before the SQL start: if the store hangs right there, no
         # other worker takes these entries over while this one waits to run them.
         skip: list[Delivery] = []
         taken: list[HeldJob] = []
         for d in live:
-            h = HeldJob(job_id=d.job_id or "", stream=d.stream, entry_id=d.entry_id, delivery=d)
+            h = HeldJob(
+                job_id=d.job_id or "",
+                stream=d.stream,
+                entry_id=d.entry_id,
+                delivery=d,
+                isolation=notes.get((d.stream, d.entry_id)),
+            )
             if d.job_id and self.registry.add(h):
                 taken.append(h)
             else:
@@ -246,9 +291,31 @@ class Intake:
         if skip:
             self.skipped += len(skip)
             self.writer.put(AckOnly([(d.stream, d.entry_id) for d in skip]))
-        if held:
-            (self.isolate_fn if isolated else self.inbox.put)(held)
+        if held and cohort_alone is not None:
+            self.cohort_fn(held, alone=cohort_alone)
+        elif held:
+            self.inbox.put(held)
             self.work_ready.set()
+
+    def _dead_letter(
+        self, deliveries: list[Delivery], reason: str, evidence: dict[tuple[str, str], str] | None = None
+    ) -> None:
+        if not deliveries:
+            return
+        retry(
+            functools.partial(
+                dead_letter,
+                redis_client=self.redis,
+                session_factory=self.session_factory,
+                keys=self.keys,
+                deliveries=deliveries,
+                reason=reason,
+                evidence=evidence,
+            ),
+            what="dead-letter",
+            stop=self.flags.draining,
+        )
+        self.dead_lettered += len(deliveries)
 
     def _start(self, ids: list[str]) -> set[str]:
         with self.session_factory.begin() as session:

@@ -152,7 +152,7 @@ class Worker:
             want_fn=loop.want,
             work_ready=work_ready,
             want_changed=want_changed,
-            isolate_fn=loop.add_isolated,
+            cohort_fn=loop.add_cohort,
             isolation_busy=loop.isolation_busy,
         )
 

@@ -44,7 +44,8 @@ class Finished:
 
 @dataclass
 class Release:
-    """Jobs handed back (drain): requeued in SQL, left pending in Redis for another worker."""
+    """Jobs handed back unrun (drain): requeued in SQL (the attempt counted) and re-published
+    as fresh entries, so no delivery counts against them and no evidence is kept."""
 
     held: list[HeldJob]
 
@@ -191,11 +192,10 @@ class OutputWriter:
             held = [f.held for f in finished if f.held is not None]
             acks += [(h.stream, h.entry_id) for h in held]
         if releases:
-            ids = [h.job_id for h in releases]
-            retry(lambda: self._requeue(ids), what="requeue", stop=self.flags.stop_now)
-            self.registry.remove(ids)
+            self._hand_back(releases, uncount=False)
         if handed:
-            self._hand_back(handed)
+            self._hand_back(handed, uncount=True)
+            self.handed_back += len(handed)
         if acks:
             retry(
                 lambda: ack(redis_client=self.redis, keys=self.keys, entries=acks),
@@ -268,9 +268,10 @@ class OutputWriter:
                 session=session, job_ids=job_ids, worker_id=self.worker_id, uncount=uncount
             )
 
-    def _hand_back(self, handed: list[HeldJob]) -> None:
+    def _hand_back(self, handed: list[HeldJob], *, uncount: bool) -> None:
+        """Requeue in SQL (``uncount``: the attempt does not count), then re-publish."""
         ids = [h.job_id for h in handed]
-        retry(lambda: self._requeue(ids, uncount=True), what="requeue", stop=self.flags.stop_now)
+        retry(lambda: self._requeue(ids, uncount=uncount), what="requeue", stop=self.flags.stop_now)
         retry(
             lambda: hand_back(
                 redis_client=self.redis, keys=self.keys, deliveries=[h.delivery for h in handed]
@@ -279,4 +280,3 @@ class OutputWriter:
             stop=self.flags.stop_now,
         )
         self.registry.remove(ids)
-        self.handed_back += len(ids)

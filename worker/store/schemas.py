@@ -38,3 +38,4 @@ class JobResult:
     finished_at: datetime | None = None
     first_step: int | None = None
     last_step: int | None = None
+    isolation: str | None = None  # why it ran isolated from the normal batch, if it did

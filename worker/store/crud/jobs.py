@@ -175,6 +175,7 @@ def finish_jobs(
             finished_at=bindparam("b_finished_at"),
             first_step=bindparam("b_first_step"),
             last_step=bindparam("b_last_step"),
+            isolation=bindparam("b_isolation"),
             **({"worker_id": bindparam("b_worker_id")} if worker_id else {}),
         )
     )
@@ -193,6 +194,7 @@ def finish_jobs(
             "b_finished_at": r.finished_at or now,
             "b_first_step": r.first_step,
             "b_last_step": r.last_step,
+            "b_isolation": r.isolation,
             **({"b_worker_id": worker_id} if worker_id else {}),
         }
         for r in results

@@ -55,6 +55,9 @@ class Job(Base):
     worker_id: Mapped[str | None] = mapped_column(String(128))
     first_step: Mapped[int | None] = mapped_column(Integer)
     last_step: Mapped[int | None] = mapped_column(Integer)
+    # why it ran isolated from the normal batch (redelivered after crashes, or bisected
+    # after a failed step), with the evidence; None when it ran batched as usual
+    isolation: Mapped[str | None] = mapped_column(Text)
     # a cancel asked for while the job ran: the record a worker honours (Redis only signals)
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
