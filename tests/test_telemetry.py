@@ -218,7 +218,7 @@ def test_worker_metrics_read_the_loop_and_record_jobs() -> None:
     stats = SimpleNamespace(num_running=3, num_waiting=2, kv_blocks_used=5, kv_blocks_total=20)
     loop = SimpleNamespace(
         last_stats=stats, steps=9, generated_tokens=40, preemptions_total=1,
-        cached_prompt_tokens=32, computed_prompt_tokens=96,
+        cached_prompt_tokens=32, computed_prompt_tokens=96, isolated_runs=4,
     )  # fmt: skip
     wm.attach("w1", loop, lambda: {"p:jobs:batch": (7, 2), "p:jobs:interactive": (0, 0)})
     t0 = time.time()
@@ -238,7 +238,7 @@ def test_worker_metrics_read_the_loop_and_record_jobs() -> None:
     assert value[m.RUNNING] == [3] and value[m.WAITING] == [2]
     assert value[m.KV_USAGE] == [0.25] and value[m.KV_BLOCKS_USED] == [5]
     assert value[m.STEPS] == [9] and value[m.TOKENS_GENERATED] == [40]
-    assert value[m.PREEMPTIONS] == [1]
+    assert value[m.PREEMPTIONS] == [1] and value[m.ISOLATED_RUNS] == [4]
     assert value[m.CACHED_PROMPT_TOKENS] == [32] and value[m.COMPUTED_PROMPT_TOKENS] == [96]
     depth = {p.attributes["inflight.queue.stream"]: p.value for p in points[m.QUEUE_DEPTH]}
     assert depth == {"p:jobs:batch": 7, "p:jobs:interactive": 0}

@@ -32,6 +32,7 @@ TOKENS_GENERATED = "inflight.engine.tokens.generated"
 PREEMPTIONS = "inflight.engine.preemptions"
 CACHED_PROMPT_TOKENS = "inflight.engine.prefix_cache.cached_tokens"
 COMPUTED_PROMPT_TOKENS = "inflight.engine.prefix_cache.computed_tokens"
+ISOLATED_RUNS = "inflight.worker.isolated_runs"
 QUEUE_DEPTH = "inflight.queue.depth"
 QUEUE_PENDING = "inflight.queue.pending"
 JOBS_FINISHED = "inflight.jobs.finished"
@@ -95,6 +96,8 @@ class WorkerMetrics:
              "cached_prompt_tokens"),
             (COMPUTED_PROMPT_TOKENS, "{token}", "Prompt tokens computed (prefill)",
              "computed_prompt_tokens"),
+            (ISOLATED_RUNS, "{run}", "Suspect jobs run apart from the normal batch: cohorts "
+             "after a worker died, groups bisected after a failed step", "isolated_runs"),
         ]  # fmt: skip
         for name, unit, desc, attr in counters:
             meter.create_observable_counter(
