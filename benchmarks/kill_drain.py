@@ -6,9 +6,9 @@ with no kill, in one run (the figures of docs/reliability.md, issue 18).
 Each run starts ``inflight worker`` as a real process on a fresh database and Redis prefix,
 enqueues N chat prompts (``benchmarks/workloads/chat_turns.txt``, fixed output length), and
 times from the worker's start to the last result. A kill run kills the worker with -9 once
-a third of the jobs are done and starts it again under the same name (a supervisor's
-restart: the new process replays what the dead one held); ``--kills`` does that several
-times, each after a further share of the work. Reported: wall time, the last worker's mean
+it has run a third of the steps the same N took without a kill (so mid-generation, whatever
+N) and starts it again under the same name (a supervisor's restart: the new process replays
+what the dead one held); ``--kills`` does that several times, each after a further share. Reported: wall time, the last worker's mean
 batch size (``iterations.num_running``), and how many jobs ran more than once.
 
 Needs Redis (127.0.0.1:6379) and PostgreSQL (127.0.0.1:5432, trust auth).
@@ -55,8 +55,9 @@ def _jobs(n: int, max_tokens: int) -> list[NewJob]:
     ]  # fmt: skip
 
 
-def run_once(n: int, kills: int, args: argparse.Namespace) -> dict[str, float]:
-    """Drain ``n`` jobs with ``kills`` kill -9 restarts on the way; returns the figures."""
+def run_once(n: int, kills: int, steps: int, args: argparse.Namespace) -> dict[str, float]:
+    """Drain ``n`` jobs with ``kills`` kill -9 restarts on the way, spread over ``steps``
+    engine steps (those of the run without a kill); returns the figures."""
     import psycopg
 
     db = f"inflight_killbench_{uuid.uuid4().hex[:8]}"
@@ -72,6 +73,10 @@ def run_once(n: int, kills: int, args: argparse.Namespace) -> dict[str, float]:
         ensure_groups(redis_client=redis_client, keys=keys)
         enqueue(session_factory=sessions, redis_client=redis_client, keys=keys,
                 jobs=_jobs(n, args.max_tokens))
+
+        def steps_traced() -> int:
+            with sessions() as s:
+                return s.query(Iteration).count()
 
         def done() -> int:
             with sessions() as s:
@@ -89,8 +94,8 @@ def run_once(n: int, kills: int, args: argparse.Namespace) -> dict[str, float]:
         t0 = time.monotonic()
         worker = start()
         for k in range(kills):
-            target = n * (k + 1) // (kills + 2)
-            while done() < target:
+            target = steps * (k + 1) // (kills + 2)
+            while steps_traced() < target:
                 time.sleep(0.05)
             worker.send_signal(signal.SIGKILL)
             worker.wait()
@@ -129,9 +134,15 @@ def main() -> None:
     print(f"model {args.model}, max_num_seqs {args.max_num_seqs}, {args.max_tokens} tokens each")
     print("| N | kills | wall s | last worker mean batch | last worker steps | jobs run twice |")
     print("|---|---|---|---|---|---|")
+    from kernels import cpu_fused, cpu_native
+
+    cpu_native.load_extension()  # built once here, so no run pays the first compile
+    cpu_fused.native_ops()
     for n in args.jobs:
+        steps = 0
         for kills in (0, args.kills):
-            r = run_once(n, kills, args)
+            r = run_once(n, kills, steps, args)
+            steps = steps or int(r["last_steps"])
             print(f"| {n} | {kills} | {r['wall_s']:.1f} | {r['last_mean_running']:.1f} | "
                   f"{r['last_steps']:.0f} | {r['reran']:.0f} |", flush=True)
 

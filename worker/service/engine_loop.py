@@ -95,7 +95,7 @@ class EngineLoop:
         self.worker_id = worker_id
         self.on_drain = on_drain
         self.lock = threading.Lock()
-        self._capacity = 0
+        self._capacity = engine.admission_capacity()  # the intake's first read sees the room
         self._cancel_requests: set[str] = set()
         self.active: dict[str, HeldJob] = {}
         self.cancelling: set[str] = set()
