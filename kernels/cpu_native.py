@@ -10,9 +10,9 @@ intra-op thread pool. KV writes stay with the reference (one ``index_copy_`` per
 The kernel is built once per instruction set: ``avx512`` (16-float vectors) or ``avx2``
 (8-float vectors), chosen at run time from the CPU's capability as torch reports it, so a
 cache built on one machine is never loaded on a machine that lacks its instructions and an
-AVX2-only machine gets a kernel made for it. The AVX2 build is the default on both kinds
-of machine for now (see :func:`default_isa`); ``INFLIGHT_CPU_ISA=avx512`` chooses the
-AVX-512 build where the CPU has it (the tests run both).
+AVX2-only machine gets a kernel made for it. The widest build the CPU runs is the default
+(see :func:`default_isa`); ``INFLIGHT_CPU_ISA=avx2`` chooses the AVX2 build on an AVX-512
+machine (the tests run both).
 """
 
 from __future__ import annotations
@@ -57,11 +57,13 @@ def supported_isas() -> list[str]:
 
 
 def default_isa() -> str:
-    """The build to use: ``INFLIGHT_CPU_ISA`` when set, else AVX2 wherever the CPU runs it.
+    """The build to use: ``INFLIGHT_CPU_ISA`` when set, else the widest this CPU runs.
 
-    The AVX-512 build is correct (the tests run it) but measured 7.5x slower than the AVX2
-    build on the development machine (decode attention, 256 sequences x 150 tokens: 286
-    against 38 ms per layer, same run), so it is opt-in until that is understood.
+    On a quiet 2-core AMD EPYC (AVX-512) the AVX-512 build of decode attention took 2.3-2.5
+    ms per layer against 2.6-2.7 for the AVX2 build (64 sequences x 300 tokens) and 4.95
+    against 5.52 (256 x 150), same process (``benchmarks/attention_isa.py``). An earlier
+    reading of 286 against 38 ms was taken with the two cores oversubscribed by other jobs
+    and was not reproduced.
     """
     isas = supported_isas()
     wanted = os.environ.get(ISA_ENV, "").strip().lower()
@@ -73,7 +75,7 @@ def default_isa() -> str:
         return wanted
     if not isas:
         raise RuntimeError("the native CPU kernel needs AVX2 or AVX-512; this CPU has neither")
-    return "avx2"
+    return isas[0]
 
 
 def load_extension(isa: str | None = None) -> ModuleType:
