@@ -34,6 +34,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=None, help="default: vLLM's own")
     p.add_argument("--kv-cache-gib", type=int, default=None,
                    help="VLLM_CPU_KVCACHE_SPACE (default: vLLM's own choice)")
+    p.add_argument("--memory-fraction", type=float, default=0.5,
+                   help="vLLM's gpu_memory_utilization, which on the CPU is the share of the "
+                   "NUMA node's memory it reserves; its default (0.92) refuses to start "
+                   "unless that much is free, which a 24 GiB machine split in two nodes "
+                   "with a database beside it does not have")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--tokens-out", default=None, help="write each request's output ids here")
     p.add_argument("--json-out", default=None, help="write the figures here too")
@@ -126,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     with TreeRssSampler() as rss:
         t_load = time.perf_counter()
         kwargs = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
-        llm = LLM(model=args.model_dir, dtype=args.dtype, seed=0, **kwargs)
+        llm = LLM(model=args.model_dir, dtype=args.dtype, seed=0,
+                  gpu_memory_utilization=args.memory_fraction, **kwargs)
         load_s = time.perf_counter() - t_load
         warm = [TokensPrompt(prompt_token_ids=r["prompt_token_ids"]) for r in rows[:8]]
         llm.generate(warm, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
