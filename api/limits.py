@@ -11,7 +11,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.errors import ApiError
 from worker.protocol.limits import prompt_token_upper_bound
 from worker.protocol.openai_batch import GenerationRequest
-from worker.protocol.sampling_params import QUEUED_N_UNSUPPORTED
 
 
 class BodyTooLarge(Exception):
@@ -132,16 +131,9 @@ def check_request_limits(
     max_tokens_limit: int,
     max_model_len: int | None = None,
 ) -> None:
-    """Refuse what the queued service cannot serve (ApiError 400): ``n`` > 1, prompts and
+    """Refuse what the queued service cannot serve (ApiError 400): prompts and
     max_tokens beyond the configured bounds, and (when the served model's context
     ``max_model_len`` is configured) a prompt bound plus max_tokens that cannot fit."""
-    if req.params.n > 1:
-        raise ApiError(
-            400,
-            f"n={req.params.n}: {QUEUED_N_UNSUPPORTED}",
-            code="invalid_value",
-            param="n",
-        )
     prompt_param = "messages" if req.is_chat else "prompt"
     bound = prompt_token_bound(req)
     exact = isinstance(req.prompt, list)

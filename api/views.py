@@ -5,7 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from worker.protocol.openai_batch import build_response_body, parse_request_body, split_stored
+from worker.protocol.openai_batch import (
+    build_response_body,
+    choice_from_stored,
+    parse_request_body,
+    split_stored,
+)
 from worker.protocol.sampling_params import InvalidRequestError
 from worker.store.models import ApiJob, Batch, Job, StoredFile
 
@@ -38,6 +43,8 @@ def response_body(job: Job, *, model_name: str) -> dict[str, Any] | None:
         prompt_tokens=job.prompt_tokens or 0,
         completion_tokens=job.completion_tokens or 0,
         created=epoch(job.finished_at) or 0,
+        # every sample as stored; rows written before choices existed hold choice 0 only
+        choices=[choice_from_stored(c) for c in job.choices] if job.choices else None,
     )
 
 

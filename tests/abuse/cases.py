@@ -154,5 +154,4 @@ CASES: list[Case] = [
          "prompt_too_long", api_only=True),
     Case("max_tokens-over-limit", {"max_tokens": MAX_TOKENS_LIMIT + 1}, "max_tokens",
          "invalid_value", api_only=True),
-    Case("n-2-queued", {"n": 2}, "n", "invalid_value", api_only=True),
 ]

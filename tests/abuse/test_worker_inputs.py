@@ -165,7 +165,7 @@ def test_bad_inputs_beside_good_jobs(make_env, caplog: pytest.LogCaptureFixture)
         t.join(60)
     assert not t.is_alive()
     assert not [r for r in caplog.records if "engine step failed" in r.getMessage()]
-    assert w.loop is not None and not w.loop.isolate
+    assert w.loop is not None and not w.loop.isolation_busy()
 
     # good batch jobs: the reference engine's text; extreme ones: succeeded
     reference = _reference_texts(GOOD_PROMPTS)

@@ -36,8 +36,13 @@ def _create(env: ApiEnv, h: dict[str, str], file_id: str, **kw) -> dict:
     return wait_expanded(env, h, r.json()["id"])
 
 
-def _finish(env: ApiEnv, batch_id: str, *, fail: set[str] = frozenset()) -> None:
+def _finish(env: ApiEnv, batch_id: str, *, fail: set[str] = frozenset(),
+            choices: dict[str, list[dict]] | None = None) -> None:
+    """Write every job's result as a worker would: failed for ``fail``, else succeeded, with
+    the stored samples of ``choices`` (by custom_id) or, like rows from before, none."""
     from worker.store.crud.jobs import finish_jobs, list_jobs
+
+    choices = choices or {}
 
     with env.ctx.session_factory.begin() as s:
         jobs = list_jobs(session=s, batch_id=batch_id, limit=10_000)
@@ -51,6 +56,7 @@ def _finish(env: ApiEnv, batch_id: str, *, fail: set[str] = frozenset()) -> None
                 finish_reason="length",
                 prompt_tokens=5,
                 completion_tokens=4,
+                choices=choices.get(j.custom_id or ""),
             )
             for j in jobs
         ]
@@ -153,28 +159,34 @@ def test_batch_lifecycle_with_invalid_lines(make_env) -> None:
     assert env.client.post(f"/v1/batches/{batch['id']}/cancel", headers=h).status_code == 400
 
 
-def test_batch_line_with_n_above_one_fails_into_error_file(env: ApiEnv) -> None:
+def test_batch_output_carries_every_stored_sample_and_logprobs(env: ApiEnv) -> None:
+    """A line with n=2 and logprobs is queued like any other; its output line carries both
+    samples as the worker stored them (token ids, stop reason, logprobs in the completions
+    shape); lines stored without samples (rows from before) still read from their text."""
+    from worker.protocol.openai_batch import ExtraChoice, LogprobInfo, stored_choice
+
     h = env.auth("t-batch-n")
     good = batch_lines(2)
-    many = {**good[1], "custom_id": "many", "body": {**good[1]["body"], "n": 2}}
+    many = {**good[1], "custom_id": "many", "body": {**good[1]["body"], "n": 2, "logprobs": 1}}
     f = _upload(env, h, jsonl([good[0], many, good[1]]))
     batch = _create(env, h, f["id"])
-    assert batch["request_counts"] == {"total": 3, "completed": 0, "failed": 1}
-    jobs = env.client.get("/v1/jobs", params={"batch_id": batch["id"]}, headers=h).json()
-    assert [j["custom_id"] for j in jobs["data"]] == ["r-0", "r-1"]
-    _finish(env, batch["id"])
+    assert batch["request_counts"] == {"total": 3, "completed": 0, "failed": 0}
+    samples = [
+        ExtraChoice("a b", "length", [LogprobInfo("a", -0.5, [("a", -0.5)]),
+                                      LogprobInfo(" b", -1.25, [(" b", -1.25)])], [7, 8]),
+        ExtraChoice("c", "stop", [LogprobInfo("c", -0.1, [("c", -0.1)])], [9], stop_reason=2),
+    ]
+    _finish(env, batch["id"], choices={"many": [stored_choice(c) for c in samples]})
     done = env.client.get(f"/v1/batches/{batch['id']}", headers=h).json()
     assert done["status"] == "completed", done
-    assert done["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
-    assert [x["custom_id"] for x in _lines(env, h, done["output_file_id"])] == ["r-0", "r-1"]
-    errs = _lines(env, h, done["error_file_id"])
-    assert [e["custom_id"] for e in errs] == ["many"]
-    error = errs[0]["error"]
-    assert errs[0]["response"]["status_code"] == 400, errs[0]
-    assert errs[0]["response"]["body"]["error"]["param"] == "n", errs[0]
-    assert error["code"] == "invalid_value", error
-    assert error["message"].startswith("line 2: n=2: n > 1 is not supported"), error
-    assert "inflight generate" in error["message"], error
+    out = {x["custom_id"]: x["response"]["body"] for x in _lines(env, h, done["output_file_id"])}
+    assert set(out) == {"r-0", "r-1", "many"}
+    choices = out["many"]["choices"]
+    assert [c["text"] for c in choices] == ["a b", "c"]
+    assert [c["token_ids"] for c in choices] == [[7, 8], [9]] and choices[1]["stop_reason"] == 2
+    assert choices[0]["logprobs"] == {"tokens": ["a", " b"], "token_logprobs": [-0.5, -1.25],
+                                      "top_logprobs": [{"a": -0.5}, {" b": -1.25}], "text_offset": [0, 1]}
+    assert [c["text"] for c in out["r-0"]["choices"]] == ["out:r-0"]  # a row without samples
 
 
 def test_batch_validation(env: ApiEnv) -> None:

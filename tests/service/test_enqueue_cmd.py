@@ -12,7 +12,7 @@ from worker.cli.main import main
 pytestmark = pytest.mark.services
 
 
-def test_enqueue_refuses_n_above_one_and_bad_lines_alone(tmp_path, redis_client, keys, capsys) -> None:
+def test_enqueue_takes_n_above_one_and_refuses_bad_lines_alone(tmp_path, redis_client, keys, capsys) -> None:
     from worker.store.migrate import upgrade
 
     db = f"sqlite:///{tmp_path / 'q.db'}"
@@ -29,7 +29,7 @@ def test_enqueue_refuses_n_above_one_and_bad_lines_alone(tmp_path, redis_client,
                    "--prefix", keys.prefix])
     out, err = capsys.readouterr()
     assert status == 1
-    assert len(out.split()) == 2  # two job ids
-    assert "line 2: n=2: n > 1 is not supported by the queued service yet" in err
-    assert "enqueued 2 jobs, 2 invalid lines skipped" in err
-    assert redis_client.xlen(keys.stream("batch")) == 2
+    assert len(out.split()) == 3  # three job ids: n=2 is queued like any other line
+    assert "line 3:" in err and "bogus" in err
+    assert "enqueued 3 jobs, 1 invalid line skipped" in err
+    assert redis_client.xlen(keys.stream("batch")) == 3

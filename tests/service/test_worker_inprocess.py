@@ -91,3 +91,54 @@ def test_worker_runs_jobs_and_isolates_bad_ones(migrated_pg, session_factory, re
         assert batch_mates(session=s, job_id=ok.id)
         assert count_by_status(session=s).get("running", 0) == 0
     assert w.stats["skipped"] >= 1
+
+
+def test_the_stored_result_is_the_whole_answer(migrated_pg, session_factory, redis_client, keys) -> None:
+    """n samples, their token ids and logprobs go through the queue and the store, and the
+    job view serves them in the OpenAI shapes of both endpoints."""
+    from api.views import response_body
+
+    config = WorkerConfig(
+        database_url=migrated_pg, redis_url=REDIS_URL, model="tiny-llama", prefix=keys.prefix, name="whole",
+        heartbeat_interval=0.3, reconcile_interval=3600,
+    )
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "n": 3, "seed": 7,
+            "temperature": 1.0, "logprobs": True, "top_logprobs": 2, "ignore_eos": True}
+    completion = {"prompt": "one two", "max_tokens": 4, "n": 2, "logprobs": 3, "temperature": 0,
+                  "ignore_eos": True}
+    ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=[
+        NewJob(request={"url": "/v1/chat/completions", "body": chat}),
+        NewJob(request={"url": "/v1/completions", "body": completion}),
+    ])
+    w = Worker(config, engine_factory=_engine, install_signals=False)
+    t = threading.Thread(target=w.run)
+    t.start()
+    try:
+        def ended() -> bool:
+            with session_factory() as s:
+                return all(get_job(session=s, job_id=j).status == "succeeded" for j in ids)
+
+        wait_for(ended, timeout=60, what="both jobs to succeed")
+    finally:
+        w.stop()
+        t.join(60)
+    with session_factory() as s:
+        chat_job, completion_job = (get_job(session=s, job_id=j) for j in ids)
+    chat_body = response_body(chat_job, model_name="tiny")
+    assert [c["index"] for c in chat_body["choices"]] == [0, 1, 2]
+    assert chat_body["usage"]["completion_tokens"] == 15 == chat_job.completion_tokens
+    for c in chat_body["choices"]:
+        assert len(c["token_ids"]) == 5 and c["finish_reason"] == "length"
+        content = c["logprobs"]["content"]
+        assert len(content) == 5 and all(len(p["top_logprobs"]) == 2 for p in content)
+        assert all(p["logprob"] <= 0 and p["bytes"] == list(p["token"].encode()) for p in content)
+    body = response_body(completion_job, model_name="tiny")
+    first, second = body["choices"]
+    assert first["text"] == second["text"] and first["token_ids"] == second["token_ids"]  # greedy
+    lp = first["logprobs"]
+    assert len(lp["tokens"]) == 4 == len(lp["token_logprobs"]) == len(lp["top_logprobs"])
+    # each token decoded alone (a random model's text splits multi-byte characters, so the
+    # joined tokens need not equal the text); offsets count the tokens' characters
+    offsets = [sum(len(t) for t in lp["tokens"][:i]) for i in range(4)]
+    assert lp["text_offset"] == offsets and all(isinstance(x, float) for x in lp["token_logprobs"])
+    assert all(len(top) <= 3 for top in lp["top_logprobs"])

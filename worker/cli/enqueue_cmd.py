@@ -18,8 +18,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="enqueue every line of a JSONL file as a job",
         description="Each line is an OpenAI Batch line {custom_id, method, url, body} or a plain "
         '{"prompt": ...} / {"messages": [...]} line with sampling fields. Invalid lines are '
-        "reported on stderr and not enqueued (exit status 1); so is n > 1, which the queued "
-        "service does not support yet (use `inflight generate`). Prints one job id per line.",
+        "reported on stderr and not enqueued (exit status 1). Prints one job id per line.",
     )
     p.add_argument("input", help="JSONL file ('-' for stdin)")
     p.add_argument("--class", dest="queue_class", choices=("batch", "interactive"), default="batch")
@@ -56,7 +55,6 @@ def run(args: argparse.Namespace) -> int:
 
     from worker.protocol.limits import LimitError, check_tenant
     from worker.protocol.openai_batch import RequestParseError, parse_request_line
-    from worker.protocol.sampling_params import QUEUED_N_UNSUPPORTED
     from worker.queue.admission import QueueRefused
     from worker.queue.connection import make_redis, redis_url
     from worker.queue.keys import QueueKeys
@@ -106,12 +104,6 @@ def run(args: argparse.Namespace) -> int:
                 print(f"error: {exc}", file=sys.stderr)
                 bad += 1
                 continue
-            if req.params.n > 1:
-                # The store keeps one sample per job; refuse rather than drop samples.
-                print(f"error: line {number}: n={req.params.n}: {QUEUED_N_UNSUPPORTED}",
-                      file=sys.stderr)
-                bad += 1
-                continue
             key = req.custom_id or f"line-{number}"
             if args.batch_id is not None and key in seen:
                 print(f"error: line {number}: duplicate custom_id {key!r} in this batch",
@@ -142,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
         db.dispose()
         shutdown_telemetry()  # exports the enqueue spans before the process ends
     print(
-        f"enqueued {total} jobs" + (f", {bad} invalid lines skipped" if bad else ""),
+        f"enqueued {total} jobs"
+        + (f", {bad} invalid line{'' if bad == 1 else 's'} skipped" if bad else ""),
         file=sys.stderr,
     )
     if stopped is not None:

@@ -15,14 +15,13 @@ from typing import Any
 
 from worker.cli.jsonl_io import OutputWriter
 from worker.protocol.openai_batch import (
-    ExtraChoice,
     GenerationRequest,
-    LogprobInfo,
     RequestParseError,
     build_response_body,
     format_batch_output_line,
     format_error_line,
     new_request_id,
+    samples_of,
 )
 from worker.protocol.sampling_params import InvalidRequestError
 
@@ -150,13 +149,12 @@ def _write_result(engine: Any, writer: OutputWriter, progress: Progress, item: W
         _write_error(writer, progress, item, out.request_id,
                      InvalidRequestError(message), status_code=500, code="engine_error")
         return
-    others = out.samples[1:]
+    samples = samples_of(out, getattr(engine, "tokenizer", None))
     body = build_response_body(
         request=request, request_id=out.request_id, model=engine.model_name, text=out.text,
         finish_reason=out.finish_reason, prompt_tokens=len(out.prompt_token_ids),
-        completion_tokens=len(out.token_ids) + sum(len(o.token_ids) for o in others),
-        logprobs=_logprobs(engine, out.logprobs), created=int(time.time()),
-        extra_choices=[ExtraChoice(o.text, o.finish_reason, _logprobs(engine, o.logprobs)) for o in others],
+        completion_tokens=sum(len(c.token_ids or ()) for c in samples),
+        created=int(time.time()), choices=samples,
     )
     writer.write(format_batch_output_line(custom_id=item.custom_id, request_id=out.request_id,
                                           response_body=body, status_code=200, error=None))
@@ -176,11 +174,3 @@ def _write_error(writer: OutputWriter, progress: Progress, item: WorkItem, reque
                                    message=message, code=code, param=param,
                                    status_code=status_code))
     progress.line_written(failed=True)
-
-
-def _logprobs(engine: Any, logprobs: list[Any] | None) -> list[LogprobInfo] | None:
-    if logprobs is None:
-        return None
-    decode = engine.tokenizer.decode
-    return [LogprobInfo(token=decode([lp.token_id]), logprob=lp.logprob,
-                        top=[(decode([t]), v) for t, v in lp.top.items()]) for lp in logprobs]

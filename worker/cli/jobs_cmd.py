@@ -11,7 +11,7 @@ COLUMNS = (
     "id", "tenant", "batch_id", "custom_id", "queue_class", "status", "priority", "request",
     "text", "finish_reason", "prompt_tokens", "completion_tokens", "error", "queued_at",
     "started_at", "first_token_at", "finished_at", "attempts", "worker_id", "first_step",
-    "last_step",
+    "last_step", "isolation", "choices",
 )  # fmt: skip
 
 

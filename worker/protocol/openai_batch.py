@@ -36,10 +36,13 @@ from worker.protocol.openai_output import (
     ExtraChoice,
     LogprobInfo,
     build_response_body,
+    choice_from_stored,
     error_object,
     format_batch_output_line,
     format_error_line,
     new_request_id,
+    samples_of,
+    stored_choice,
 )
 from worker.protocol.sampling_params import InvalidRequestError, SamplingParams
 
@@ -52,13 +55,16 @@ __all__ = [
     "LogprobInfo",
     "RequestParseError",
     "build_response_body",
+    "choice_from_stored",
     "error_object",
     "format_batch_output_line",
     "format_error_line",
     "new_request_id",
     "parse_request_body",
     "parse_request_line",
+    "samples_of",
     "split_stored",
+    "stored_choice",
 ]
 
 CHAT_ENDPOINT = "/v1/chat/completions"

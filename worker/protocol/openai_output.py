@@ -34,11 +34,61 @@ def new_request_id() -> str:
 
 @dataclass
 class ExtraChoice:
-    """One more sample of a request with n > 1 (choice index 1, 2, ...)."""
+    """One sample of a request (choice 0, and 1, 2, ... when n > 1). ``token_ids`` and
+    ``stop_reason`` (the stop string or token id that ended it) go into the choice when
+    known, as vLLM's responses carry them."""
 
     text: str
     finish_reason: str | None
     logprobs: list[LogprobInfo] | None = None
+    token_ids: list[int] | None = None
+    stop_reason: str | int | None = None
+
+
+def samples_of(out: Any, tokenizer: Any) -> list[ExtraChoice]:
+    """Every sample of a finished engine output (``RequestOutput``: its ``samples`` when
+    n > 1, else itself), naming logprob tokens with ``tokenizer.decode`` (needed only when
+    the output carries logprobs; None otherwise)."""
+
+    def logprobs(entries: list[Any] | None) -> list[LogprobInfo] | None:
+        if entries is None:
+            return None
+        if tokenizer is None:
+            raise ValueError("logprobs need a tokenizer to name their tokens")
+        decode = tokenizer.decode
+        return [LogprobInfo(token=decode([lp.token_id]), logprob=lp.logprob,
+                            top=[(decode([t]), v) for t, v in lp.top.items()]) for lp in entries]
+
+    return [ExtraChoice(text=o.text, finish_reason=o.finish_reason, logprobs=logprobs(o.logprobs),
+                        token_ids=list(o.token_ids), stop_reason=getattr(o, "stop_reason", None))
+            for o in (getattr(out, "samples", None) or [out])]
+
+
+def stored_choice(sample: ExtraChoice) -> dict[str, Any]:
+    """A sample as the job store keeps it (JSON; see :func:`choice_from_stored`)."""
+    logprobs = (
+        None
+        if sample.logprobs is None
+        else [{"token": lp.token, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
+              for lp in sample.logprobs]
+    )
+    return {"text": sample.text, "finish_reason": sample.finish_reason,
+            "stop_reason": sample.stop_reason, "token_ids": sample.token_ids, "logprobs": logprobs}
+
+
+def choice_from_stored(stored: dict[str, Any]) -> ExtraChoice:
+    """The sample :func:`stored_choice` wrote."""
+    logprobs = stored.get("logprobs")
+    return ExtraChoice(
+        text=stored.get("text") or "",
+        finish_reason=stored.get("finish_reason"),
+        logprobs=None if logprobs is None else [
+            LogprobInfo(token=lp["token"], logprob=lp["logprob"],
+                        top=[(str(t), float(v)) for t, v in lp.get("top", [])])
+            for lp in logprobs],
+        token_ids=stored.get("token_ids"),
+        stop_reason=stored.get("stop_reason"),
+    )
 
 
 def build_response_body(
@@ -53,38 +103,44 @@ def build_response_body(
     logprobs: list[LogprobInfo] | None = None,
     created: int,
     extra_choices: list[ExtraChoice] | None = None,
+    choices: list[ExtraChoice] | None = None,
 ) -> dict[str, Any]:
     """The ``chat.completion`` or ``text_completion`` object for one finished request.
 
-    ``text``/``finish_reason``/``logprobs`` are choice 0; ``extra_choices`` the other
-    samples when n > 1 (``completion_tokens`` counts all of them). ``logprobs`` is included
-    (in the endpoint's own format) only when the request asked for logprobs.
+    ``choices`` are all its samples; without them ``text``/``finish_reason``/``logprobs``
+    are choice 0 and ``extra_choices`` the other samples when n > 1 (``completion_tokens``
+    counts all of them). ``logprobs`` is included (in the endpoint's own format) only when
+    the request asked for logprobs.
     """
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
              "total_tokens": prompt_tokens + completion_tokens}
-    samples = [ExtraChoice(text, finish_reason, logprobs), *(extra_choices or [])]
-    choices = [_choice(request, i, c) for i, c in enumerate(samples)]
+    samples = choices or [ExtraChoice(text, finish_reason, logprobs), *(extra_choices or [])]
+    bodies = [_choice(request, i, c) for i, c in enumerate(samples)]
     if request.is_chat:
         return {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": created,
-                "model": model, "choices": choices, "usage": usage}
+                "model": model, "choices": bodies, "usage": usage}
     return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": created,
-            "model": model, "choices": choices, "usage": usage}
+            "model": model, "choices": bodies, "usage": usage}
 
 
 def _choice(request: GenerationRequest, index: int, sample: ExtraChoice) -> dict[str, Any]:
     logprobs = sample.logprobs if request.params.logprobs is not None else None
+    known = {k: v for k, v in (("stop_reason", sample.stop_reason),
+                               ("token_ids", sample.token_ids)) if v is not None}
     if request.is_chat:
         return {
             "index": index,
             "message": {"role": "assistant", "content": sample.text},
             "logprobs": _chat_logprobs(logprobs) if logprobs is not None else None,
             "finish_reason": sample.finish_reason,
+            **known,
         }
     return {
         "index": index,
         "text": sample.text,
         "logprobs": _completion_logprobs(logprobs) if logprobs is not None else None,
         "finish_reason": sample.finish_reason,
+        **known,
     }
 
 

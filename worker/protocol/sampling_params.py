@@ -8,12 +8,6 @@ from typing import Any
 from worker.protocol.limits import LIMITS
 
 MAX_N = 16  # samples per request
-# The job store keeps one sample per job, so the queued paths (API, batches, enqueue)
-# refuse n > 1; `inflight generate` and the in-process engine serve it.
-QUEUED_N_UNSUPPORTED = (
-    "n > 1 is not supported by the queued service yet; "
-    "use inline generation with `inflight generate` for n > 1"
-)
 
 
 class InvalidRequestError(ValueError):

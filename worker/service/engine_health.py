@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from worker.protocol.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from worker.service.engine_loop import EngineAPI
+    from worker.service.engine_api import EngineAPI
 
 log = logging.getLogger(__name__)
 

@@ -15,57 +15,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-from worker.protocol.sampling_params import InvalidRequestError, SamplingParams
 from worker.service.config import WorkerConfig
+from worker.service.engine_api import EngineAPI, error_text
 from worker.service.engine_health import EngineBroken, probe_engine
 from worker.service.flags import Flags
 from worker.service.inbox import Inbox
 from worker.service.inflight import HeldJob
-from worker.service.observe import JobObserver
+from worker.service.isolation import Isolation
+from worker.service.job_result import finished_status, job_result
+from worker.service.observe import JobObserver, trace_row
 from worker.service.prepare import prepare
 from worker.service.writer import Finished, HandBack, OutputWriter, Release
-from worker.store.base import from_epoch, utcnow
 from worker.store.schemas import JobResult
 
 log = logging.getLogger(__name__)
-
-
-class EngineAPI(Protocol):
-    """What the loop needs of an engine (``worker.engine.LLMEngine`` or a test double)."""
-
-    def tokenize(
-        self, prompt: str | None = None, messages: list[dict] | None = None
-    ) -> list[int]: ...
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams | None = None,
-        *,
-        prompt: str | None = None,
-        priority: int = 0,
-        tenant: str | None = None,
-        arrival_time: float | None = None,
-    ) -> None: ...
-    def abort_request(self, request_id: str) -> None: ...
-    def step(self) -> tuple[list[Any], Any]: ...
-    def has_unfinished_requests(self) -> bool: ...
-    def admission_capacity(self) -> int: ...
-
-
-def _clean(text: str | None) -> str | None:
-    # PostgreSQL text cannot hold NUL; a random model can emit it
-    return text.replace("\x00", "\ufffd") if text else text
-
-
-def _error_text(exc: BaseException) -> str:
-    if isinstance(exc, InvalidRequestError):
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}"
 
 
 class EngineLoop:
@@ -99,9 +65,7 @@ class EngineLoop:
         self._cancel_requests: set[str] = set()
         self.active: dict[str, HeldJob] = {}
         self.cancelling: set[str] = set()
-        self.isolate: deque[list[HeldJob]] = deque()  # groups waiting to run alone
-        self.isolated_group: set[str] = set()  # the group running alone now
-        self.isolated_runs = 0  # groups run alone plus suspect cohorts (a metric)
+        self.isolation = Isolation()
         self.steps = 0
         self.finished = 0
         self.failed = 0
@@ -130,15 +94,20 @@ class EngineLoop:
         nothing else in the engine, else beside the normal batch."""
         with self.lock:
             if alone:
-                self.isolate.append(list(held))
+                self.isolation.queue(held)
             else:
-                self.isolated_runs += 1
+                self.isolation.runs += 1
                 self.inbox.put(held)
         self.work_ready.set()
 
     def isolation_busy(self) -> bool:
         """True while a group waits to run alone or runs alone."""
-        return bool(self.isolate) or bool(self.isolated_group)
+        return self.isolation.busy()
+
+    @property
+    def isolated_runs(self) -> int:
+        """Groups run alone plus suspect cohorts run beside the batch (a metric)."""
+        return self.isolation.runs
 
     def request_cancel(self, job_ids: set[str]) -> None:
         """Ask for these jobs to be aborted between steps."""
@@ -170,7 +139,7 @@ class EngineLoop:
         with self.lock:
             cap = (
                 0
-                if self.flags.draining.is_set() or self.isolate
+                if self.flags.draining.is_set() or self.isolation.waiting
                 else self.engine.admission_capacity()
             )
             self._capacity = cap
@@ -193,16 +162,16 @@ class EngineLoop:
 
     def _admit_isolated(self) -> None:
         """Start the next group waiting to run alone once the engine is empty."""
-        self.isolated_group &= self.active.keys()
-        if self.isolated_group or self.engine.has_unfinished_requests() or not self.isolate:
-            return
         with self.lock:
-            group = self.isolate.popleft()
-            self.isolated_runs += 1
+            group = self.isolation.next_group(
+                self.active, engine_empty=not self.engine.has_unfinished_requests()
+            )
+        if not group:
+            return
         log.info("running %d suspect job(s) alone: %s", len(group), [h.job_id for h in group])
         for held in group:
             self._add(held)
-        self.isolated_group = {h.job_id for h in group} & self.active.keys()
+        self.isolation.started(h.job_id for h in group if h.job_id in self.active)
 
     def _add(self, held: HeldJob) -> None:
         msg = held.delivery.message
@@ -218,7 +187,7 @@ class EngineLoop:
                 tenant=msg.tenant,
             )
         except Exception as exc:
-            self._fail(held, _error_text(exc))
+            self._fail(held, error_text(exc))
             return
         self.active[held.job_id] = held
 
@@ -270,62 +239,23 @@ class EngineLoop:
             if out.finished:
                 self._finish(out)
         if self.config.write_traces:
-            self.writer.put(self._trace_row(stats))
+            self.writer.put(trace_row(self.worker_id, stats))
 
     def _finish(self, out: Any) -> None:
         held = self.active.pop(out.request_id, None)
         if held is None:
             return  # aborted for isolation or drain; handled elsewhere
-        m = out.metrics
-        if out.request_id in self.cancelling:
-            self.cancelling.discard(out.request_id)
-            status = "cancelled"
-        elif getattr(out, "error", None):
-            status = "failed"
-        elif out.finish_reason == "abort":
-            status = "cancelled"
-        else:
-            status = "succeeded"
+        cancelled = out.request_id in self.cancelling
+        self.cancelling.discard(out.request_id)
+        status = finished_status(out, cancelled=cancelled)
         self.finished += 1
-        result = JobResult(
-            job_id=held.job_id,
-            status=status,
-            text=_clean(out.text),
-            finish_reason=out.finish_reason,
-            prompt_tokens=len(out.prompt_token_ids),
-            completion_tokens=len(out.token_ids),
-            error=getattr(out, "error", None),
-            started_at=from_epoch(getattr(m, "first_scheduled_time", None)),
-            first_token_at=from_epoch(m.first_token_time),
-            finished_at=from_epoch(m.finished_time) or utcnow(),
-            first_step=m.first_step,
-            last_step=m.last_step,
-            isolation=held.isolation,
-        )
-        self.writer.put(Finished(result, held, self._timeline(held, result, m)))
-
-    def _trace_row(self, s: Any) -> dict[str, Any]:
-        return {
-            "worker_id": self.worker_id,
-            "step": s.step,
-            "time": from_epoch(s.start_time or time.time()),
-            "num_running": s.num_running,
-            "num_waiting": s.num_waiting,
-            "num_prefill_tokens": s.num_prefill_tokens,
-            "num_decode_tokens": s.num_decode_tokens,
-            "kv_blocks_used": s.kv_blocks_used,
-            "kv_blocks_total": s.kv_blocks_total,
-            "num_preemptions": s.num_preemptions,
-            "num_admitted": s.num_admitted,
-            "num_finished": s.num_finished,
-            "schedule_ms": s.schedule_seconds * 1000.0,
-            "forward_ms": s.forward_seconds * 1000.0,
-            "sample_ms": s.sample_seconds * 1000.0,
-        }
+        result = job_result(out, held, status=status,
+                            tokenizer=getattr(self.engine, "tokenizer", None))
+        self.writer.put(Finished(result, held, self._timeline(held, result, out.metrics)))
 
     def _on_step_error(self, exc: Exception) -> None:
         suspects = list(self.active.values())
-        log.error("engine step failed with %d jobs in it: %s", len(suspects), _error_text(exc))
+        log.error("engine step failed with %d jobs in it: %s", len(suspects), error_text(exc))
         self.active.clear()
         for h in suspects:
             self.engine.abort_request(h.job_id)
@@ -333,24 +263,17 @@ class EngineLoop:
         if not probe_engine(self.engine):
             n = self.hand_back_all(suspects)
             raise EngineBroken(
-                f"the engine fails a known-good probe too ({_error_text(exc)}); "
+                f"the engine fails a known-good probe too ({error_text(exc)}); "
                 f"handed {n} jobs back unfailed"
             ) from exc
         if not suspects:
             return
         if len(suspects) == 1:
-            self._fail(suspects[0], f"the engine failed on this job: {_error_text(exc)}")
+            self._fail(suspects[0], f"the engine failed on this job: {error_text(exc)}")
             return
-        half = (len(suspects) + 1) // 2
-        groups = [suspects[:half], suspects[half:]]
-        for group in groups:
-            for h in group:
-                h.isolation = (
-                    f"engine step {self.steps + 1} failed with {len(suspects)} jobs in it "
-                    f"({_error_text(exc)}); re-run in an isolated group of {len(group)}"
-                )
+        why = f"engine step {self.steps + 1} failed with {len(suspects)} jobs in it ({error_text(exc)})"
         with self.lock:
-            self.isolate.extendleft(reversed(groups))
+            self.isolation.bisect(suspects, why=why)
 
     def hand_back_all(self, extra: list[HeldJob] | None = None) -> int:
         """Stop taking work and hand every held job (``extra``, running, buffered, waiting
@@ -358,10 +281,8 @@ class EngineLoop:
         for what it delivered meanwhile."""
         self.flags.request_drain()
         with self.lock:
-            waiting = [h for group in self.isolate for h in group]
+            waiting = self.isolation.take_all()
             left = [*(extra or []), *self.active.values(), *self.inbox.take_all(), *waiting]
-            self.isolate.clear()
-            self.isolated_group = set()
         for h in self.active.values():
             self.engine.abort_request(h.job_id)
         self.active.clear()
@@ -376,9 +297,7 @@ class EngineLoop:
             log.info("draining: intake stopped, finishing %d running jobs", len(self.active))
             self.on_drain()
             with self.lock:
-                left = self.inbox.take_all() + [h for group in self.isolate for h in group]
-                self.isolate.clear()
-                self.isolated_group = set()
+                left = self.inbox.take_all() + self.isolation.take_all()
             if left:
                 self.writer.put(Release(left))
         if not self.active and not self.engine.has_unfinished_requests():

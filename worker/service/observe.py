@@ -8,11 +8,13 @@ engine loop itself only bumps a few integer counters per step either way.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from worker.queue.keys import QueueKeys
 from worker.queue.stream_stats import stream_stats
 from worker.service.inflight import HeldJob
+from worker.store.base import from_epoch
 from worker.store.schemas import JobResult
 from worker.telemetry.job_spans import record_job_spans
 from worker.telemetry.metrics import EngineSource, worker_metrics
@@ -132,3 +134,24 @@ class JobObserver:
                 self.metrics.record_jobs(timelines, written_at=end)
         except Exception:
             log.exception("telemetry for %d written jobs failed", len(timelines))
+
+
+def trace_row(worker_id: str, s: Any) -> dict[str, Any]:
+    """One engine step's statistics as a row of the ``iterations`` table."""
+    return {
+        "worker_id": worker_id,
+        "step": s.step,
+        "time": from_epoch(s.start_time or time.time()),
+        "num_running": s.num_running,
+        "num_waiting": s.num_waiting,
+        "num_prefill_tokens": s.num_prefill_tokens,
+        "num_decode_tokens": s.num_decode_tokens,
+        "kv_blocks_used": s.kv_blocks_used,
+        "kv_blocks_total": s.kv_blocks_total,
+        "num_preemptions": s.num_preemptions,
+        "num_admitted": s.num_admitted,
+        "num_finished": s.num_finished,
+        "schedule_ms": s.schedule_seconds * 1000.0,
+        "forward_ms": s.forward_seconds * 1000.0,
+        "sample_ms": s.sample_seconds * 1000.0,
+    }

@@ -15,8 +15,9 @@ from worker.queue.connection import make_redis
 from worker.queue.group import ensure_groups
 from worker.queue.keys import QueueKeys
 from worker.service.config import WorkerConfig
+from worker.service.engine_api import EngineAPI
 from worker.service.engine_health import EngineBroken
-from worker.service.engine_loop import EngineAPI, EngineLoop
+from worker.service.engine_loop import EngineLoop
 from worker.service.flags import Flags
 from worker.service.inbox import Inbox
 from worker.service.inflight import Registry

@@ -39,3 +39,4 @@ class JobResult:
     first_step: int | None = None
     last_step: int | None = None
     isolation: str | None = None  # why it ran isolated from the normal batch, if it did
+    choices: list[dict[str, Any]] | None = None  # every sample (stored_choice); None: none

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, case, func, insert, select, text, update
+from sqlalchemy import JSON, bindparam, case, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -176,6 +176,7 @@ def finish_jobs(
             first_step=bindparam("b_first_step"),
             last_step=bindparam("b_last_step"),
             isolation=bindparam("b_isolation"),
+            choices=bindparam("b_choices", type_=JSON()),
             **({"worker_id": bindparam("b_worker_id")} if worker_id else {}),
         )
     )
@@ -195,6 +196,7 @@ def finish_jobs(
             "b_first_step": r.first_step,
             "b_last_step": r.last_step,
             "b_isolation": r.isolation,
+            "b_choices": r.choices,
             **({"b_worker_id": worker_id} if worker_id else {}),
         }
         for r in results

@@ -58,6 +58,10 @@ class Job(Base):
     # why it ran isolated from the normal batch (redelivered after crashes, or bisected
     # after a failed step), with the evidence; None when it ran batched as usual
     isolation: Mapped[str | None] = mapped_column(Text)
+    # every sample as the worker produced it (text, finish and stop reason, token ids,
+    # logprobs when asked; worker.protocol.openai_output.stored_choice); None on rows
+    # written before it existed, which read from text and finish_reason
+    choices: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     # a cancel asked for while the job ran: the record a worker honours (Redis only signals)
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 

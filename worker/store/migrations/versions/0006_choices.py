@@ -1,0 +1,30 @@
+"""Every sample of a job's result: jobs.choices
+
+Revision ID: 0006
+Revises: 0005
+Create Date: 2026-11-30
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0006"
+down_revision: str | None = "0005"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    """Apply this revision."""
+    with op.batch_alter_table("jobs") as batch:
+        batch.add_column(sa.Column("choices", sa.JSON(), nullable=True))
+
+
+def downgrade() -> None:
+    """Revert this revision."""
+    with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("choices")
