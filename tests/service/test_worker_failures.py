@@ -17,6 +17,7 @@ from tests.service.tcp_proxy import TcpProxy
 from worker.queue.group import ensure_groups
 from worker.queue.producer import enqueue
 from worker.store.crud.jobs import count_by_status
+from worker.store.job_lifecycle import is_allowed
 from worker.store.schemas import NewJob
 
 pytestmark = pytest.mark.services
@@ -32,6 +33,15 @@ BEGIN
   RETURN NEW;
 END $$ LANGUAGE plpgsql;
 CREATE TRIGGER job_audit AFTER UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION job_audit_fn();
+CREATE TABLE job_moves (job_id text, old_status text, new_status text);
+CREATE FUNCTION job_moves_fn() RETURNS trigger AS $$
+BEGIN
+  IF OLD.status IS DISTINCT FROM NEW.status THEN
+    INSERT INTO job_moves (job_id, old_status, new_status) VALUES (NEW.id, OLD.status, NEW.status);
+  END IF;
+  RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER job_moves AFTER UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION job_moves_fn();
 """
 
 
@@ -57,6 +67,9 @@ def _assert_each_result_written_once(pg_url: str, n: int) -> None:
     assert not [r for r in rows if r[1] in ("succeeded", "failed", "cancelled")], "a result was overwritten"
     per_job = Counter(r[0] for r in rows)
     assert len(per_job) == n and set(per_job.values()) == {1}, "some job got more than one result"
+    with psycopg.connect(pg_url) as conn:
+        moves = conn.execute("SELECT DISTINCT old_status, new_status FROM job_moves").fetchall()
+    assert moves and all(is_allowed(a, b) for a, b in moves), f"moves outside the table: {moves}"
 
 
 def test_kill9_mid_run_then_new_worker(migrated_pg, session_factory, redis_client, keys, tmp_path) -> None:

@@ -8,7 +8,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from worker.store.base import utcnow
-from worker.store.models import TERMINAL_STATUSES, ApiJob, Job
+from worker.store.job_lifecycle import TERMINAL
+from worker.store.models import ApiJob, Job
 
 
 def add_api_job(
@@ -59,7 +60,7 @@ def claim_due_webhooks(
         .join(Job, Job.id == ApiJob.job_id)
         .where(
             ApiJob.webhook_state == "pending",
-            Job.status.in_(TERMINAL_STATUSES),
+            Job.status.in_(TERMINAL),
             (ApiJob.webhook_next_at.is_(None)) | (ApiJob.webhook_next_at <= now),
         )
         .limit(limit)

@@ -9,6 +9,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from worker.store.base import utcnow
+from worker.store.job_lifecycle import OPEN
 from worker.store.models import Batch, BatchProgress, Job, JobStatus
 
 
@@ -59,7 +60,7 @@ def get_progress(*, session: Session, batch_id: str) -> BatchProgress:
 def open_job_count(*, session: Session, batch_id: str) -> int:
     """How many of the batch's jobs are still queued or running."""
     stmt = select(func.count()).where(
-        Job.batch_id == batch_id, Job.status.in_((JobStatus.QUEUED.value, JobStatus.RUNNING.value))
+        Job.batch_id == batch_id, Job.status.in_(OPEN)
     )
     return int(session.scalar(stmt) or 0)
 

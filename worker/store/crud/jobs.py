@@ -14,12 +14,15 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from worker.store.base import UTCDateTime, utcnow
+from worker.store.job_lifecycle import OPEN, sources
 from worker.store.models import Job, JobStatus
 from worker.store.schemas import JobResult, NewJob
 
-_OPEN = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
-# the same test as literal SQL, usable in executemany (no expanding IN parameter)
-_OPEN_SQL = text("jobs.status IN ('queued', 'running')")
+_OPEN = OPEN
+# "may be finished" as literal SQL, usable in executemany (no expanding IN parameter)
+_FINISHABLE_SQL = text(
+    "jobs.status IN (" + ", ".join(f"'{s}'" for s in sources(JobStatus.SUCCEEDED.value)) + ")"
+)
 
 
 def new_job_id() -> str:
@@ -133,12 +136,13 @@ def start_jobs(
     ids = list(job_ids)
     session.execute(
         update(Job)
-        .where(Job.id.in_(ids), Job.status.in_(_OPEN), Job.cancel_requested_at.is_not(None))
+        .where(Job.id.in_(ids), Job.status.in_(sources(JobStatus.CANCELLED.value)),
+               Job.cancel_requested_at.is_not(None))
         .values(status=JobStatus.CANCELLED.value, finished_at=now, finish_reason="abort")
     )
     stmt = (
         update(Job)
-        .where(Job.id.in_(ids), Job.status.in_(_OPEN))
+        .where(Job.id.in_(ids), Job.status.in_(sources(JobStatus.RUNNING.value)))
         .values(
             status=JobStatus.RUNNING.value,
             worker_id=worker_id,
@@ -160,7 +164,7 @@ def finish_jobs(
     table: Any = Job.__table__
     stmt = (
         update(table)
-        .where(table.c.id == bindparam("b_id"), _OPEN_SQL)
+        .where(table.c.id == bindparam("b_id"), _FINISHABLE_SQL)
         .values(
             status=bindparam("b_status"),
             text=bindparam("b_text"),
@@ -208,7 +212,7 @@ def fail_job(*, session: Session, job_id: str, error: str) -> bool:
     """Fail one open job with ``error``; False if it had already ended or does not exist."""
     res = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status.in_(_OPEN))
+        .where(Job.id == job_id, Job.status.in_(sources(JobStatus.FAILED.value)))
         .values(status=JobStatus.FAILED.value, error=error, finished_at=utcnow())
     )
     return bool(res.rowcount)  # type: ignore[attr-defined]
@@ -225,7 +229,7 @@ def requeue_jobs(
         update(Job)
         .where(
             Job.id.in_(list(job_ids)),
-            Job.status == JobStatus.RUNNING.value,
+            Job.status.in_(sources(JobStatus.QUEUED.value)),
             Job.worker_id == worker_id,
         )
         .values(

@@ -2,11 +2,10 @@
 
 from worker.store.models.batch import Batch, BatchStatus
 from worker.store.models.iteration import Iteration
-from worker.store.models.job import TERMINAL_STATUSES, Job, JobStatus
+from worker.store.models.job import Job, JobStatus
 from worker.store.models.worker import Worker, WorkerStatus
 
 __all__ = [
-    "TERMINAL_STATUSES",
     "Batch",
     "BatchStatus",
     "Iteration",

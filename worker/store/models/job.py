@@ -13,7 +13,7 @@ from worker.store.base import Base, UTCDateTime, utcnow
 
 
 class JobStatus(str, Enum):
-    """Lifecycle of a job; the last three are terminal."""
+    """A job's status; which may follow which is ``worker.store.job_lifecycle``."""
 
     QUEUED = "queued"
     RUNNING = "running"
@@ -21,8 +21,6 @@ class JobStatus(str, Enum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-
-TERMINAL_STATUSES = (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value)
 
 
 class Job(Base):
