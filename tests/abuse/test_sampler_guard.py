@@ -167,3 +167,27 @@ def test_engine_fails_a_poisoned_request_alone() -> None:
     for rid in ("good-0", "good-1"):
         assert poisoned_run[rid] == clean[rid] and clean[rid][1] is None
         assert len(clean[rid][0]) == 6
+
+
+def test_a_drafted_sequence_with_non_finite_logits_fails_alone() -> None:
+    """The draft verifier takes the argmax of each drafted row: a NaN row there would pick a
+    meaningless token, so such a sequence fails alone, as a sampled row does."""
+    from worker.engine.outputs import RequestMetrics
+    from worker.engine.sequence import Sequence
+    from worker.engine.speculation import verify_drafts
+    from worker.engine.step_plan import ScheduledSequence
+
+    def drafted(rid: str) -> ScheduledSequence:
+        seq = Sequence(rid, [1, 2, 3], SamplingParams(temperature=0), RequestMetrics(0.0))
+        seq.num_computed_tokens = 2  # the last prompt token plus two drafts run this step
+        seq.draft_token_ids = [2, 2]
+        return ScheduledSequence(seq, num_new_tokens=3, num_draft_tokens=2)
+
+    good, bad = drafted("good"), drafted("bad")
+    logits = torch.full((6, 4), -1.0)  # [2 sequences x 3 rows, vocab]
+    logits[:, 2] = 1.0  # every row agrees with the drafts
+    logits[4, 0] = float("nan")  # the bad sequence's second row
+    results, accepted, failed = verify_drafts([(good, 0), (bad, 3)], logits)
+    assert [r.seq.request_id for r in results] == ["good"] and accepted == 2
+    assert [(s.request_id, why) for s, why in failed] == [("bad", NON_FINITE_ERROR)]
+    assert bad.seq.draft_token_ids == [] and good.seq.draft_token_ids == []

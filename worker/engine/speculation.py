@@ -27,7 +27,7 @@ import torch
 
 from worker.engine.block_manager import BlockManager
 from worker.engine.ngram_proposer import NgramIndex
-from worker.engine.sampler import is_greedy, needs_penalties
+from worker.engine.sampler import NON_FINITE_ERROR, is_greedy, needs_penalties, unusable_rows
 from worker.engine.sequence import Sequence
 from worker.engine.step_plan import SampledTokens, ScheduledSequence
 
@@ -99,23 +99,33 @@ def accept(drafts: list[int], targets: list[int]) -> list[int]:
 
 def verify_drafts(
     owners: list[tuple[ScheduledSequence, int]], logits: torch.Tensor
-) -> tuple[list[SampledTokens], int]:
+) -> tuple[list[SampledTokens], int, list[tuple[Sequence, str]]]:
     """Check the drafts of each ``(scheduled, first logits row)`` against the argmax of its
     ``1 + num_draft_tokens`` rows of ``logits`` ``[rows, vocab]``; returns what each
-    appends and how many drafts were accepted in all."""
+    appends, how many drafts were accepted in all, and the sequences any of whose rows is
+    non-finite (the argmax of a NaN row is meaningless): they append nothing and fail alone,
+    as the sampler's own rows do."""
     rows = [r for s, first in owners for r in range(first, first + s.num_logits_rows)]
-    targets = logits[rows].argmax(dim=-1).tolist()  # [num_verify_rows]
+    verify_logits = logits[rows]  # [num_verify_rows, vocab]
+    targets = verify_logits.argmax(dim=-1).tolist()  # [num_verify_rows]
+    unusable = unusable_rows(verify_logits).tolist()  # [num_verify_rows]
     results: list[SampledTokens] = []
+    failed: list[tuple[Sequence, str]] = []
     num_accepted = 0
     offset = 0
     for s, _ in owners:
         n = s.num_logits_rows
-        kept = accept(s.seq.draft_token_ids[: s.num_draft_tokens], targets[offset : offset + n])
+        own_targets, bad = targets[offset : offset + n], any(unusable[offset : offset + n])
         offset += n
+        drafts = s.seq.draft_token_ids[: s.num_draft_tokens]
+        s.seq.draft_token_ids = []
+        if bad:
+            failed.append((s.seq, NON_FINITE_ERROR))
+            continue
+        kept = accept(drafts, own_targets)
         num_accepted += len(kept) - 1
         results.append(SampledTokens(s.seq, [(t, None) for t in kept], s.num_draft_tokens))
-        s.seq.draft_token_ids = []
-    return results, num_accepted
+    return results, num_accepted, failed
 
 
 def settle_accepted(seq: Sequence, num_appended: int) -> None:

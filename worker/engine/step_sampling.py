@@ -43,6 +43,7 @@ def sample_step(
             results.extend(fork(s, plain_logits[i]))
     num_accepted = 0
     if drafted:
-        verified, num_accepted = verify_drafts(drafted, logits)
+        verified, num_accepted, refused = verify_drafts(drafted, logits)
         results.extend(verified)
+        failed.extend(refused)
     return results, num_accepted, failed
