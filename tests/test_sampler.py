@@ -12,7 +12,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from worker.engine import sampler as sampler_module
-from worker.engine.sampler import Sampler, make_generator, rank_filter_mask
+from worker.engine.rank_filter import rank_filter_mask
+from worker.engine.sampler import Sampler, make_generator
 from worker.protocol.sampling_params import SamplingParams
 
 VOCAB = 8

@@ -33,7 +33,9 @@ from typing import Protocol
 
 import torch
 
+from worker.engine.logit_adjust import apply_penalties_and_masks
 from worker.engine.outputs import TokenLogprob
+from worker.engine.rank_filter import NUM_CANDIDATES, rank_filter_mask
 from worker.protocol.sampling_params import SamplingParams
 
 # Below this temperature a row is sampled greedily (dividing by it would overflow).
@@ -62,75 +64,6 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
     return generator
 
 
-# On the CPU, top-k/top-p first look among this many best tokens (torch.topk) and sort
-# the whole vocabulary only for rows whose kept set might reach past them.
-NUM_CANDIDATES = 1024
-
-
-def rank_filter_mask(
-    logits: torch.Tensor,
-    top_k: Sequence[int],
-    top_p: Sequence[float],
-    *,
-    num_candidates: int | None = None,
-) -> torch.Tensor:
-    """Tokens that top-k then top-p remove: a ``[rows, vocab]`` bool mask (True = removed).
-
-    Tokens rank by logit, equal logits by lower token id first (so ``top_k=1`` keeps
-    exactly ``torch.argmax``). Per row, top-k keeps the ``top_k`` best (0 = all); top-p
-    then keeps the smallest prefix of that ranking whose probability, renormalized over
-    the top-k, reaches ``top_p`` (1 = all; the best token always stays). ``logits`` are
-    ``[rows, vocab]``, already divided by the temperature.
-
-    With ``num_candidates`` set, only the best ``num_candidates`` tokens (at least
-    ``max(top_k) + 1``) are sorted, and the whole vocabulary only when a row's kept set
-    is not decided inside them; the result is the same either way.
-    """
-    vocab = logits.shape[1]
-    device = logits.device
-    k = torch.tensor([t if 0 < t < vocab else vocab for t in top_k], device=device)  # [F]
-    p = torch.tensor(list(top_p), dtype=torch.float32, device=device)  # [F]
-    if num_candidates is not None:
-        cand = max(num_candidates, max((t for t in top_k if 0 < t < vocab), default=0) + 1)
-        if cand <= vocab // 2:
-            vals, idx = torch.topk(logits, cand, dim=-1)  # [F, C], tie order unspecified
-            idx, perm = idx.sort(dim=-1)  # [F, C]: token id order ...
-            vals = vals.gather(1, perm)
-            vals, perm = torch.sort(vals, dim=-1, descending=True, stable=True)  # ... then by value
-            idx = idx.gather(1, perm)  # [F, C]: ranked like a stable sort of the whole row
-            keep = _kept_ranks(vals, k, p, vocab, torch.logsumexp(logits, dim=-1))  # [F]
-            last_kept = vals.gather(1, (keep - 1).unsqueeze(1)).squeeze(1)  # [F]
-            # Exact when every token outside the candidates ranks after the kept ones.
-            if bool((last_kept > vals[:, -1]).all()):
-                return _removed_outside(idx, keep, vocab)
-    vals, idx = torch.sort(logits, dim=-1, descending=True, stable=True)  # [F, V]
-    return _removed_outside(idx, _kept_ranks(vals, k, p, vocab, None), vocab)
-
-
-def _kept_ranks(
-    vals: torch.Tensor, k: torch.Tensor, p: torch.Tensor, vocab: int, lse: torch.Tensor | None
-) -> torch.Tensor:
-    """How many of the best tokens each row keeps; ``vals`` ``[F, C]`` ranked logits (the
-    whole row when ``lse`` is None, else its best C, ``lse`` the row's logsumexp)."""
-    ranks = torch.arange(vals.shape[1], device=vals.device).unsqueeze(0)  # [1, C]
-    in_k = ranks < k.unsqueeze(1)  # [F, C]
-    norm = torch.logsumexp(vals.masked_fill(~in_k, float("-inf")), dim=-1)  # [F]
-    if lse is not None:
-        norm = torch.where(k < vocab, norm, lse)  # without top-k, mass spreads past the candidates
-    probs = torch.exp(vals - norm.unsqueeze(1)).masked_fill(~in_k, 0.0)  # [F, C]
-    mass_before = probs.cumsum(dim=-1) - probs  # [F, C]: mass of the better-ranked tokens
-    # A token stays while the mass before it is still short of top_p.
-    in_p = (mass_before < p.unsqueeze(1)) | (p >= 1.0).unsqueeze(1)  # [F, C]
-    return (in_k & in_p).sum(dim=-1)  # [F]: both are prefixes of the ranking
-
-
-def _removed_outside(idx: torch.Tensor, keep: torch.Tensor, vocab: int) -> torch.Tensor:
-    """``[F, vocab]`` True except at the first ``keep`` of the ranked token ids ``idx``."""
-    kept = torch.arange(idx.shape[1], device=idx.device).unsqueeze(0) < keep.unsqueeze(1)  # [F, C]
-    remove = torch.ones((idx.shape[0], vocab), dtype=torch.bool, device=idx.device)
-    return remove.scatter_(1, idx, ~kept)
-
-
 @dataclass
 class SamplerOutput:
     """The sampled token of each row and, where asked, its logprobs."""
@@ -157,16 +90,6 @@ def is_greedy(params: SamplingParams) -> bool:
     return params.temperature < GREEDY_TEMPERATURE_EPS
 
 
-def needs_penalties(params: SamplingParams) -> bool:
-    """Whether these params change the logits by what was generated before."""
-    return (
-        params.repetition_penalty != 1.0
-        or params.presence_penalty != 0.0
-        or params.frequency_penalty != 0.0
-        or bool(params.logit_bias)
-    )
-
-
 class Sampler:
     """Turns the last-token logits of a batch into one token per row (see module doc)."""
 
@@ -190,7 +113,7 @@ class Sampler:
         self._check_inputs(logits, rows)
         logits = logits.float()  # [R, V]; no copy when already float32
         errors = self._bias_errors(rows, logits.shape[1])
-        logits = self._apply_penalties_and_masks(logits, rows)  # a copy if anything changed
+        logits = apply_penalties_and_masks(logits, rows, self.eos_token_ids)  # a copy if anything changed
         bad = unusable_rows(logits)  # [R]
         if bool(bad.any()) or any(errors):
             logits = logits.clone()  # never write into the caller's tensor
@@ -252,103 +175,6 @@ class Sampler:
     @staticmethod
     def _index(positions: list[int], device: torch.device) -> torch.Tensor:
         return torch.tensor(positions, dtype=torch.long, device=device)
-
-    @staticmethod
-    def _token_counts(
-        token_lists: list[list[int]], vocab: int, device: torch.device
-    ) -> torch.Tensor:
-        """``[len(token_lists), vocab]`` float32 counts of each token id in each list.
-
-        Ids outside ``[0, vocab)`` are not counted (they cannot be sampled either).
-        """
-        num = len(token_lists)
-        counts = torch.zeros((num, vocab + 1), dtype=torch.float32, device=device)  # [P, V+1]
-        longest = max((len(ids) for ids in token_lists), default=0)
-        if longest:
-            padded = [ids + [vocab] * (longest - len(ids)) for ids in token_lists]
-            ids_t = torch.tensor(padded, dtype=torch.long, device=device)  # [P, L], pad = vocab
-            ids_t = torch.where((ids_t < 0) | (ids_t > vocab), vocab, ids_t)
-            counts.scatter_add_(1, ids_t, torch.ones_like(ids_t, dtype=torch.float32))
-        return counts[:, :vocab]  # [P, V]: the pad column dropped
-
-    def _apply_penalties_and_masks(
-        self, logits: torch.Tensor, rows: Sequence[SamplingInput]
-    ) -> torch.Tensor:
-        """Penalties and the min_tokens mask; returns ``logits`` itself when no row needs
-        either, else a modified copy."""
-        vocab = logits.shape[1]
-        device = logits.device
-        penalized = [i for i, row in enumerate(rows) if needs_penalties(row.params)]
-        under_min = [
-            i for i, row in enumerate(rows) if len(row.output_token_ids) < row.params.min_tokens
-        ]
-        if not penalized and not under_min:
-            return logits
-        out = logits.clone()
-
-        if penalized:
-            sub = [rows[i] for i in penalized]
-            p_idx = self._index(penalized, device)  # [P]
-            sel = out[p_idx]  # [P, V] (a copy)
-            out_counts = self._token_counts([r.output_token_ids for r in sub], vocab, device)
-
-            if any(r.params.repetition_penalty != 1.0 for r in sub):
-                prompt_counts = self._token_counts(
-                    [r.prompt_token_ids if r.params.repetition_penalty != 1.0 else [] for r in sub],
-                    vocab,
-                    device,
-                )
-                seen = (prompt_counts > 0) | (out_counts > 0)  # [P, V]
-                rep = torch.tensor(
-                    [r.params.repetition_penalty for r in sub], dtype=torch.float32, device=device
-                ).unsqueeze(1)  # [P, 1]
-                sel = torch.where(seen, torch.where(sel > 0, sel / rep, sel * rep), sel)
-
-            if any(
-                r.params.presence_penalty != 0.0 or r.params.frequency_penalty != 0.0 for r in sub
-            ):
-                presence = torch.tensor(
-                    [r.params.presence_penalty for r in sub], dtype=torch.float32, device=device
-                ).unsqueeze(1)  # [P, 1]
-                frequency = torch.tensor(
-                    [r.params.frequency_penalty for r in sub], dtype=torch.float32, device=device
-                ).unsqueeze(1)  # [P, 1]
-                sel = sel - frequency * out_counts - presence * (out_counts > 0).float()
-            sel = self._add_logit_bias(sel, sub)
-            out[p_idx] = sel
-
-        if under_min:
-            mask_rows: list[int] = []
-            mask_cols: list[int] = []
-            for i in under_min:
-                banned = self.eos_token_ids.union(rows[i].params.stop_token_ids)
-                cols = [t for t in banned if 0 <= t < vocab]
-                mask_rows.extend([i] * len(cols))
-                mask_cols.extend(cols)
-            if mask_cols:
-                out[self._index(mask_rows, device), self._index(mask_cols, device)] = float("-inf")
-        return out
-
-    @staticmethod
-    def _add_logit_bias(sel: torch.Tensor, sub: Sequence[SamplingInput]) -> torch.Tensor:
-        """``sel`` ``[P, V]`` plus each row's logit_bias (ids inside the vocabulary)."""
-        vocab = sel.shape[1]
-        rows_i: list[int] = []
-        cols: list[int] = []
-        values: list[float] = []
-        for i, r in enumerate(sub):
-            for token, bias in (r.params.logit_bias or {}).items():
-                if 0 <= token < vocab:
-                    rows_i.append(i)
-                    cols.append(token)
-                    values.append(float(bias))
-        if not cols:
-            return sel
-        bias_t = torch.zeros_like(sel)  # [P, V]
-        bias_t[
-            torch.tensor(rows_i, device=sel.device), torch.tensor(cols, device=sel.device)
-        ] = torch.tensor(values, dtype=sel.dtype, device=sel.device)
-        return sel + bias_t
 
     def _sample_rows(
         self, logits: torch.Tensor, rows: Sequence[SamplingInput]

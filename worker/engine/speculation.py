@@ -26,8 +26,9 @@ from collections.abc import Iterable
 import torch
 
 from worker.engine.block_manager import BlockManager
+from worker.engine.logit_adjust import needs_penalties
 from worker.engine.ngram_proposer import NgramIndex
-from worker.engine.sampler import NON_FINITE_ERROR, is_greedy, needs_penalties, unusable_rows
+from worker.engine.sampler import NON_FINITE_ERROR, is_greedy, unusable_rows
 from worker.engine.sequence import Sequence
 from worker.engine.step_plan import SampledTokens, ScheduledSequence
 
