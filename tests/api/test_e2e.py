@@ -98,3 +98,52 @@ def quick_text(env: ApiEnv, job_id: str) -> str:
 
     with env.ctx.session_factory() as s:
         return get_job(session=s, job_id=job_id).text
+
+
+def test_dataset_batch_with_samples_logprobs_and_schemas(env: ApiEnv, running_worker, tmp_path: Path) -> None:
+    """A batch mixing n, logprobs and JSON-schema lines goes through the REST API, a worker
+    and finalize: the output file has every sample, logprobs in the OpenAI shape, and only
+    schema-valid JSON where a schema was asked; a schema the grammar library refuses fails
+    its line alone, into the error file."""
+    import json
+
+    from api.client import Client
+    from api.serve_thread import ThreadedServer
+
+    schema = {"type": "object", "properties": {"label": {"enum": ["pos", "neg"]},
+                                               "score": {"type": "integer", "minimum": 0, "maximum": 5}},
+              "required": ["label", "score"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "review", "schema": schema}}
+
+    def line(cid: str, **body: object) -> dict:
+        return {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
+                "body": {"messages": [{"role": "user", "content": f"review {cid}"}], "max_tokens": 24,
+                         **body}}
+
+    lines = [line("plain", temperature=0), line("samples", n=4, temperature=1.0, seed=3),
+             line("logprobs", logprobs=True, top_logprobs=3, temperature=0),
+             line("schema", response_format=fmt, n=2, temperature=1.0, seed=5, logprobs=True,
+                  max_tokens=96),
+             line("bad-regex", guided_regex="(unclosed")]
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(jsonl(lines))
+    with ThreadedServer(env.app) as url, Client(url, api_key=env.key("t-mixed")) as client:
+        batch = client.submit_batch(path, endpoint="/v1/chat/completions")
+        done = client.wait_batch(batch["id"], timeout=180, poll=0.3)
+        assert done["request_counts"] == {"total": 5, "completed": 4, "failed": 1}, done
+        out = {o["custom_id"]: o["response"]["body"] for o in client.download(done)}
+        errors = client.download(done, errors=True)
+    assert [len(out[c]["choices"]) for c in ("plain", "samples", "logprobs", "schema")] == [1, 4, 1, 2]
+    assert out["samples"]["usage"]["completion_tokens"] == sum(
+        len(c["token_ids"]) for c in out["samples"]["choices"])
+    content = out["logprobs"]["choices"][0]["logprobs"]["content"]
+    assert len(content) == len(out["logprobs"]["choices"][0]["token_ids"])
+    assert all(len(p["top_logprobs"]) == 3 and p["logprob"] <= 0 for p in content)
+    assert out["plain"]["choices"][0]["logprobs"] is None
+    for choice in out["schema"]["choices"]:
+        value = json.loads(choice["message"]["content"])
+        assert set(value) == {"label", "score"} and value["label"] in ("pos", "neg")
+        assert 0 <= value["score"] <= 5 and choice["finish_reason"] == "stop"
+        assert choice["logprobs"]["content"]
+    (error,) = errors
+    assert error["custom_id"] == "bad-regex" and "cannot compile" in json.dumps(error)

@@ -27,6 +27,7 @@ from worker.engine.step_plan import SampledTokens, ScheduledSequence
 from worker.engine.step_sampling import sample_step
 from worker.engine.step_stats import step_stats
 from worker.engine.stopping import StopChecker
+from worker.engine.structured import Grammars
 from worker.engine.swap import make_swapper
 from worker.protocol.sampling_params import InvalidRequestError, SamplingParams
 
@@ -53,6 +54,8 @@ class LLMEngine:
             swap=self.swapper.manager if self.swapper is not None else None,
         )
         self.sampler = Sampler(eos_token_ids=runner.eos_token_ids, device=runner.device, seed=args.seed)
+        self.grammars = Grammars(self.tokenizer, vocab_size=runner.vocab_size,
+                                 eos_token_ids=runner.eos_token_ids)
         self.tracker = RequestTracker(
             stop_checker=StopChecker(tokenizer=self.tokenizer, eos_token_ids=runner.eos_token_ids,
                                      max_model_len=runner.max_model_len),
@@ -106,6 +109,8 @@ class LLMEngine:
             request_id, prompt_token_ids, params or SamplingParams(), self.limits, prompt=prompt,
             priority=priority, tenant=tenant, arrival_time=arrival_time or time.time(),
         )
+        if seq.params.structured is not None:
+            seq.grammar = self.grammars.grammar_for(seq.params.structured)
         self.tracker.add(seq)
         self.scheduler.add(seq)
 

@@ -107,6 +107,7 @@ class RequestTracker:
                 generator=make_generator(None if seed is None else seed + k, self.device),
                 max_tokens=leader.max_tokens, group_id=leader.request_id, sample_index=k,
             )
+            child.grammar = leader.grammar.fresh() if leader.grammar is not None else None
             scheduler.block_manager.fork(leader, child)
             child.num_computed_tokens = s.start + s.num_real_tokens  # the leader's, after this step
             scheduler.add_running(child)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -53,6 +54,7 @@ class Sequence:
     sample_index: int = 0
     draft_token_ids: list[int] = field(default_factory=list)  # speculative, checked next step
     ngram_index: NgramIndex | None = None  # built on the first draft proposal
+    grammar: Any = None  # structured output: its matcher (worker.engine.structured.Grammar)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

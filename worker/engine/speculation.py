@@ -41,6 +41,7 @@ def is_eligible(seq: Sequence) -> bool:
         is_greedy(p)
         and not needs_penalties(p)
         and p.logprobs is None
+        and p.structured is None
         and seq.group_id is None
         and seq.num_output_tokens >= max(1, p.min_tokens)
         and seq.num_computed_tokens == seq.num_tokens - 1

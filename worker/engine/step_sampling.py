@@ -12,6 +12,7 @@ from worker.engine.sampler import Sampler
 from worker.engine.sequence import Sequence
 from worker.engine.speculation import verify_drafts
 from worker.engine.step_plan import SampledTokens, ScheduledSequence, SchedulerOutput
+from worker.engine.structured import apply_masks
 
 # Called with each plainly sampled sequence and its logits row ``[vocab]``: the samples
 # it forks (empty for all but the first token of an n > 1 request).
@@ -33,6 +34,8 @@ def sample_step(
     if plain:
         rows = [row for _, row in plain]
         plain_logits = logits if len(rows) == logits.shape[0] else logits[rows]  # [num_plain, vocab]
+        apply_masks(plain_logits, [(i, s.seq.grammar) for i, (s, _) in enumerate(plain)
+                                   if s.seq.grammar is not None])
         drawn = sampler.sample(plain_logits, [s.seq for s, _ in plain])
         for i, (s, _) in enumerate(plain):
             error = drawn.errors[i] if drawn.errors else None
@@ -41,9 +44,25 @@ def sample_step(
                 continue
             results.append(SampledTokens(s.seq, [(drawn.token_ids[i], drawn.logprobs[i])]))
             results.extend(fork(s, plain_logits[i]))
+    results = _advance_grammars(results, failed)
     num_accepted = 0
     if drafted:
         verified, num_accepted, refused = verify_drafts(drafted, logits)
         results.extend(verified)
         failed.extend(refused)
     return results, num_accepted, failed
+
+
+def _advance_grammars(
+    results: list[SampledTokens], failed: list[tuple[Sequence, str]]
+) -> list[SampledTokens]:
+    """Move each constrained sequence's grammar past its new token; one the grammar refuses
+    (it cannot happen with the mask applied, unless the row was unusable) fails alone."""
+    kept = []
+    for r in results:
+        grammar = r.seq.grammar
+        if grammar is not None and not all(grammar.accept(t) for t, _ in r.tokens):
+            failed.append((r.seq, "the structured output grammar refused the sampled token"))
+            continue
+        kept.append(r)
+    return kept

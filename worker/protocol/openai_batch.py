@@ -45,6 +45,8 @@ from worker.protocol.openai_output import (
     stored_choice,
 )
 from worker.protocol.sampling_params import InvalidRequestError, SamplingParams
+from worker.protocol.structured_output import FIELDS as STRUCTURED_FIELDS
+from worker.protocol.structured_output import structured_from_body
 
 __all__ = [
     "CHAT_ENDPOINT",
@@ -83,10 +85,11 @@ _SAMPLING_FIELDS = frozenset({
 # returned on the job object; ``model`` names the response; ``stream`` must be false.
 _IGNORED_FIELDS = frozenset({"model", "user", "stream", "metadata"})
 _CHAT_ONLY = frozenset({"messages", "max_completion_tokens", "top_logprobs"})
+# structured output (worker.protocol.structured_output), on both endpoints
 _COMPLETIONS_ONLY = frozenset({"prompt"})
 _ALLOWED = {
-    CHAT_ENDPOINT: _SAMPLING_FIELDS | _IGNORED_FIELDS | _CHAT_ONLY,
-    COMPLETIONS_ENDPOINT: _SAMPLING_FIELDS | _IGNORED_FIELDS | _COMPLETIONS_ONLY,
+    CHAT_ENDPOINT: _SAMPLING_FIELDS | _IGNORED_FIELDS | _CHAT_ONLY | STRUCTURED_FIELDS,
+    COMPLETIONS_ENDPOINT: _SAMPLING_FIELDS | _IGNORED_FIELDS | _COMPLETIONS_ONLY | STRUCTURED_FIELDS,
 }
 _BATCH_LINE_KEYS = frozenset({"custom_id", "method", "url", "body"})
 _INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed", "top_k", "min_tokens",
@@ -327,6 +330,7 @@ def _sampling_params(body: dict[str, Any], endpoint: str) -> SamplingParams:
         values["max_tokens"] = (_COMPLETIONS_DEFAULT_MAX_TOKENS
                                 if endpoint == COMPLETIONS_ENDPOINT else None)
     try:
+        values["structured"] = structured_from_body(body)
         return SamplingParams.from_dict(values)
     except InvalidRequestError as exc:
         message = str(exc)

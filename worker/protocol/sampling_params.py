@@ -44,6 +44,9 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    # output constraint, normalized (worker.protocol.structured_output): json_schema,
+    # json_object, regex or choice; None: free text
+    structured: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -106,6 +109,9 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "must be true or false")
         self._validate_logit_bias()
+        from worker.protocol.structured_output import check_structured  # it imports this module
+
+        check_structured(self.structured, ignore_eos=self.ignore_eos)
 
     def _validate_stops(self) -> None:
         lim = LIMITS

@@ -1,0 +1,110 @@
+"""Structured output in the engine: grammars compiled by xgrammar, a matcher per sequence,
+token masks applied to the constrained rows of a step's logits.
+
+xgrammar is what vLLM and SGLang use: it compiles a JSON schema, a regular expression or a
+choice list into a grammar over the tokenizer's vocabulary, and a matcher per sequence
+fills a bitmask of the tokens that keep the output valid. Masks are filled only for the
+constrained rows of a step and applied to those rows of the batched logits in place;
+free rows are not touched. Compiled grammars are cached by their normalized spec. The
+library is imported on the first constrained request, so an engine that never sees one
+never loads it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from worker.protocol.sampling_params import InvalidRequestError
+
+CACHE_SIZE = 256  # compiled grammars kept, by spec
+
+
+class Grammar:
+    """One sequence's position in its grammar."""
+
+    def __init__(self, compiled: Any) -> None:
+        import xgrammar as xgr
+
+        self._compiled = compiled
+        self.matcher = xgr.GrammarMatcher(compiled)
+
+    def fresh(self) -> Grammar:
+        """A matcher of the same grammar at its start (for a forked sample)."""
+        return Grammar(self._compiled)
+
+    def accept(self, token_id: int) -> bool:
+        """Advance past ``token_id``; False when the grammar does not allow it."""
+        return bool(self.matcher.accept_token(token_id))
+
+
+class Grammars:
+    """The engine's grammar compiler (built on first use) and its cache."""
+
+    def __init__(self, tokenizer: Any, *, vocab_size: int, eos_token_ids: Iterable[int]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = sorted(eos_token_ids)
+
+    @functools.cached_property
+    def _compiler(self) -> Any:
+        import xgrammar as xgr
+
+        info = xgr.TokenizerInfo.from_huggingface(
+            self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.eos_token_ids
+        )
+        return xgr.GrammarCompiler(info, max_threads=1)
+
+    def grammar_for(self, spec: dict[str, Any]) -> Grammar:
+        """A fresh matcher for ``spec`` (normalized, see ``worker.protocol.structured_output``);
+        InvalidRequestError with the library's reason when it cannot be compiled."""
+        return Grammar(self._compiled(json.dumps(spec, sort_keys=True)))
+
+    @functools.lru_cache(maxsize=CACHE_SIZE)  # noqa: B019 (one engine, one cache)
+    def _compiled(self, key: str) -> Any:
+        spec = json.loads(key)
+        kind = spec["type"]
+        param = {"regex": "guided_regex", "choice": "guided_choice"}.get(kind, "response_format")
+        compiler = self._compiler
+        try:
+            if kind == "json_schema":
+                return compiler.compile_json_schema(json.dumps(spec["schema"]), any_whitespace=False)
+            if kind == "json_object":
+                return compiler.compile_builtin_json_grammar()
+            if kind == "regex":
+                return compiler.compile_regex(spec["pattern"])
+            if kind == "choice":
+                return compiler.compile_regex("|".join(_literal(c) for c in spec["choices"]))
+        except (RuntimeError, ValueError) as exc:
+            raise InvalidRequestError(
+                f"{param}: the grammar library cannot compile it: {str(exc).splitlines()[0]}",
+                param=param,
+            ) from None
+        raise InvalidRequestError(f"unknown structured output type {kind!r}", param=param)
+
+
+def apply_masks(logits: torch.Tensor, rows: list[tuple[int, Grammar]]) -> None:
+    """Set to -inf, in place, every token the grammar of each ``(row, grammar)`` forbids
+    next; ``logits`` ``[R, vocab]``. Rows not listed are left as they are."""
+    if not rows:
+        return
+    import xgrammar as xgr
+
+    bitmask = xgr.allocate_token_bitmask(len(rows), logits.shape[-1])  # [C, ceil(vocab / 32)]
+    for i, (_, grammar) in enumerate(rows):
+        grammar.matcher.fill_next_token_bitmask(bitmask, i)
+    index = [r for r, _ in rows]
+    with torch.inference_mode():  # the step's logits are inference tensors
+        sub = logits[index].float()  # [C, vocab]: a copy, masked, then written back
+        xgr.apply_token_bitmask_inplace(sub, bitmask)
+        logits[index] = sub.to(logits.dtype)
+
+
+def _literal(text: str) -> str:
+    """``text`` as a regular expression matching exactly it."""
+    special = set("\\.^$|?*+()[]{}")
+    return "".join("\\" + ch if ch in special else ch for ch in text)
