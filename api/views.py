@@ -6,12 +6,12 @@ from datetime import datetime
 from typing import Any
 
 from worker.protocol.openai_batch import (
+    CHAT_ENDPOINT,
+    ExtraChoice,
     build_response_body,
     choice_from_stored,
-    parse_request_body,
     split_stored,
 )
-from worker.protocol.sampling_params import InvalidRequestError
 from worker.store.models import ApiJob, Batch, Job, StoredFile
 
 
@@ -25,26 +25,25 @@ def _epoch_f(ts: datetime | None) -> float | None:
 
 
 def response_body(job: Job, *, model_name: str) -> dict[str, Any] | None:
-    """The OpenAI response body of a succeeded job (None otherwise)."""
+    """The OpenAI response body of a succeeded job (None otherwise), from what the worker
+    stored: every sample, with logprobs where the request asked for them. Rows written
+    before samples were stored give choice 0 from their text. The request is not parsed."""
     if job.status != "succeeded":
         return None
     endpoint, body = split_stored(job.request)
-    try:
-        req = parse_request_body(body, endpoint=endpoint)
-    except InvalidRequestError:
-        return None
-    req.custom_id = job.custom_id
+    if job.choices:
+        samples = [choice_from_stored(c) for c in job.choices]
+    else:
+        samples = [ExtraChoice(text=job.text or "", finish_reason=job.finish_reason)]
     return build_response_body(
-        request=req,
+        is_chat=endpoint == CHAT_ENDPOINT,
         request_id=job.id,
         model=body.get("model") or model_name,
-        text=job.text or "",
-        finish_reason=job.finish_reason,
+        choices=samples,
         prompt_tokens=job.prompt_tokens or 0,
         completion_tokens=job.completion_tokens or 0,
         created=epoch(job.finished_at) or 0,
-        # every sample as stored; rows written before choices existed hold choice 0 only
-        choices=[choice_from_stored(c) for c in job.choices] if job.choices else None,
+        with_logprobs=any(c.logprobs is not None for c in samples),
     )
 
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from worker.protocol.openai_batch import (
     CHAT_ENDPOINT,
     COMPLETIONS_ENDPOINT,
+    ExtraChoice,
     GenerationRequest,
     LogprobInfo,
     RequestParseError,
@@ -335,9 +336,10 @@ def test_format_error_line():
 
 
 def body_for(req: GenerationRequest, logprobs=None) -> dict:
-    return build_response_body(request=req, request_id="req_9", model="m", text="Hello",
-                               finish_reason="stop", prompt_tokens=4, completion_tokens=2,
-                               logprobs=logprobs, created=1700000000)
+    return build_response_body(is_chat=req.is_chat, request_id="req_9", model="m",
+                               choices=[ExtraChoice("Hello", "stop", logprobs)],
+                               prompt_tokens=4, completion_tokens=2, created=1700000000,
+                               with_logprobs=req.params.logprobs is not None)
 
 
 LOGPROBS = [LogprobInfo("Hel", -0.5, [("Hel", -0.5), ("He", -1.5)]),

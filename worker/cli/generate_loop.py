@@ -151,10 +151,10 @@ def _write_result(engine: Any, writer: OutputWriter, progress: Progress, item: W
         return
     samples = samples_of(out, getattr(engine, "tokenizer", None))
     body = build_response_body(
-        request=request, request_id=out.request_id, model=engine.model_name, text=out.text,
-        finish_reason=out.finish_reason, prompt_tokens=len(out.prompt_token_ids),
+        is_chat=request.is_chat, request_id=out.request_id, model=engine.model_name,
+        choices=samples, prompt_tokens=len(out.prompt_token_ids),
         completion_tokens=sum(len(c.token_ids or ()) for c in samples),
-        created=int(time.time()), choices=samples,
+        created=int(time.time()), with_logprobs=request.params.logprobs is not None,
     )
     writer.write(format_batch_output_line(custom_id=item.custom_id, request_id=out.request_id,
                                           response_body=body, status_code=200, error=None))

@@ -8,10 +8,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from worker.protocol.openai_batch import GenerationRequest
+from typing import Any
 
 
 @dataclass
@@ -93,41 +90,35 @@ def choice_from_stored(stored: dict[str, Any]) -> ExtraChoice:
 
 def build_response_body(
     *,
-    request: GenerationRequest,
+    is_chat: bool,
     request_id: str,
     model: str,
-    text: str,
-    finish_reason: str | None,
+    choices: list[ExtraChoice],
     prompt_tokens: int,
     completion_tokens: int,
-    logprobs: list[LogprobInfo] | None = None,
     created: int,
-    extra_choices: list[ExtraChoice] | None = None,
-    choices: list[ExtraChoice] | None = None,
+    with_logprobs: bool,
 ) -> dict[str, Any]:
-    """The ``chat.completion`` or ``text_completion`` object for one finished request.
-
-    ``choices`` are all its samples; without them ``text``/``finish_reason``/``logprobs``
-    are choice 0 and ``extra_choices`` the other samples when n > 1 (``completion_tokens``
-    counts all of them). ``logprobs`` is included (in the endpoint's own format) only when
-    the request asked for logprobs.
-    """
+    """The ``chat.completion`` (``is_chat``) or ``text_completion`` object of one finished
+    request with its ``choices`` (every sample; ``completion_tokens`` counts all of them).
+    Each choice's logprobs are included, in the endpoint's own format, only when the request
+    asked for them (``with_logprobs``). Needs no parsed request: the job store serves its
+    stored result through it as is."""
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
              "total_tokens": prompt_tokens + completion_tokens}
-    samples = choices or [ExtraChoice(text, finish_reason, logprobs), *(extra_choices or [])]
-    bodies = [_choice(request, i, c) for i, c in enumerate(samples)]
-    if request.is_chat:
+    bodies = [_choice(is_chat, with_logprobs, i, c) for i, c in enumerate(choices)]
+    if is_chat:
         return {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": created,
                 "model": model, "choices": bodies, "usage": usage}
     return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": created,
             "model": model, "choices": bodies, "usage": usage}
 
 
-def _choice(request: GenerationRequest, index: int, sample: ExtraChoice) -> dict[str, Any]:
-    logprobs = sample.logprobs if request.params.logprobs is not None else None
+def _choice(is_chat: bool, with_logprobs: bool, index: int, sample: ExtraChoice) -> dict[str, Any]:
+    logprobs = sample.logprobs if with_logprobs else None
     known = {k: v for k, v in (("stop_reason", sample.stop_reason),
                                ("token_ids", sample.token_ids)) if v is not None}
-    if request.is_chat:
+    if is_chat:
         return {
             "index": index,
             "message": {"role": "assistant", "content": sample.text},
