@@ -33,18 +33,21 @@ def test_three_workers_one_killed(migrated_pg, session_factory, redis_client, ke
     with psycopg.connect(migrated_pg, autocommit=True) as conn:
         conn.execute(wf.AUDIT_SQL)
     ensure_groups(redis_client=redis_client, keys=keys)
-    enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys,
-            jobs=prompt_jobs(N_JOBS, max_tokens=8))
     log = tmp_path / "workers.log"
+    # Paced steps (30 ms, about a real model's) and jobs enqueued once all three run: the
+    # tiny model would otherwise let the first worker up finish everything before the kill.
     workers = {
         name: start_worker(db_url=migrated_pg, redis_url=REDIS_URL, prefix=keys.prefix,
-                           name=name, log_path=log, extra=FLAGS)
+                           name=name, log_path=log, extra=FLAGS, module="tests.faults.paced_worker",
+                           env={"INFLIGHT_TEST_STEP_S": "0.03"})
         for name in ("a", "b", "c")
     }
     most_held = 0
     try:
         wait_for(lambda: all(f"(consumer {n}) starting" in log.read_text() for n in workers),
                  timeout=300, what="three workers to start")
+        enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys,
+                jobs=prompt_jobs(N_JOBS, max_tokens=8))
         wait_for(lambda: wf._counts(session_factory).get("succeeded", 0) >= 30, timeout=300,
                  what="30 results")
         workers["a"].kill()  # SIGKILL: its held entries stay pending until taken over
