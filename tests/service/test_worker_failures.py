@@ -45,6 +45,10 @@ CREATE TRIGGER job_moves AFTER UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION job_
 """
 
 
+# Steps paced at 20 ms, so what a test does "mid-run" lands mid-run on a fast machine too.
+PACED = {"module": "tests.faults.paced_worker", "env": {"INFLIGHT_TEST_STEP_S": "0.02"}}
+
+
 def _counts(session_factory) -> dict[str, int]:
     with session_factory() as s:
         return count_by_status(session=s)
@@ -78,7 +82,8 @@ def test_kill9_mid_run_then_new_worker(migrated_pg, session_factory, redis_clien
     ensure_groups(redis_client=redis_client, keys=keys)
     ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=prompt_jobs(200))
     log = tmp_path / "workers.log"
-    a = start_worker(db_url=migrated_pg, redis_url=REDIS_URL, prefix=keys.prefix, name="a", log_path=log)
+    a = start_worker(db_url=migrated_pg, redis_url=REDIS_URL, prefix=keys.prefix, name="a", log_path=log,
+                     **PACED)
     try:
         wait_for(lambda: _counts(session_factory).get("succeeded", 0) >= 40, timeout=90, what="40 results from worker a")
         a.kill()  # SIGKILL: no drain, no ack of in-flight work
@@ -104,7 +109,8 @@ def test_redis_flushed_mid_run(migrated_pg, session_factory, redis_client, keys,
         conn.execute(AUDIT_SQL)
     ensure_groups(redis_client=redis_client, keys=keys)
     ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=prompt_jobs(120, max_tokens=8))
-    w = start_worker(db_url=migrated_pg, redis_url=REDIS_URL, prefix=keys.prefix, name="f", log_path=tmp_path / "w.log")
+    w = start_worker(db_url=migrated_pg, redis_url=REDIS_URL, prefix=keys.prefix, name="f", log_path=tmp_path / "w.log",
+                     **PACED)
     try:
         wait_for(lambda: _counts(session_factory).get("succeeded", 0) >= 10, timeout=90, what="first results")
         delete_prefix(redis_client, keys.prefix)  # Redis lost everything (streams, group, locks)
