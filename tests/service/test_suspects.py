@@ -12,7 +12,14 @@ from worker.queue.dead_letter import dead_letter
 from worker.queue.group import ensure_groups
 from worker.queue.handback import hand_back
 from worker.queue.producer import enqueue
-from worker.queue.suspects import Evidence, Run, open_runs, read_evidence
+from worker.queue.suspects import (
+    CohortChoice,
+    Evidence,
+    Run,
+    choose_cohort,
+    open_runs,
+    read_evidence,
+)
 
 pytestmark = pytest.mark.services
 
@@ -57,3 +64,16 @@ def test_a_run_is_remembered_until_it_ends(session_factory, redis_client, keys) 
 def test_an_unreadable_record_counts_as_none(redis_client, keys) -> None:
     redis_client.hset(keys.suspects, "s 1-0", "not json")
     assert read_evidence(redis_client=redis_client, keys=keys, entries=[("s", "1-0")])[("s", "1-0")].runs == []
+
+
+def test_the_next_cohort_follows_the_evidence() -> None:
+    entries = [("s", f"{i}-0") for i in range(30)]
+    none = {e: Evidence() for e in entries}
+    assert choose_cohort(entries, none, 12).cohort == entries[:12]  # no death seen: the room
+    assert choose_cohort(entries, none, 0) == CohortChoice()  # beside the batch: wait for room
+    died = {**none, **{e: Evidence([Run("w", 8, 0.0)]) for e in entries[20:28]}}
+    assert choose_cohort(entries, died, 64).cohort == entries[20:24]  # most evidence first, half
+    lone = {**died, entries[25]: Evidence([Run("w", 2, 0.0)])}
+    assert choose_cohort(entries, lone, 0).cohort == [entries[25]]  # alone needs no room
+    guilty = {**lone, entries[3]: Evidence([Run("w", 1, 0.0)])}
+    assert choose_cohort(entries, guilty, 64) == CohortChoice(guilty=[entries[3]])

@@ -73,6 +73,34 @@ class Evidence:
         return f"its worker died in {len(self.runs)} isolated run(s): " + "; ".join(parts)
 
 
+@dataclass
+class CohortChoice:
+    """What to do next with the suspects: dead-letter ``guilty`` now, or run ``cohort``
+    together (both empty: wait for room)."""
+
+    guilty: list[tuple[str, str]] = field(default_factory=list)
+    cohort: list[tuple[str, str]] = field(default_factory=list)
+
+
+def choose_cohort(
+    suspects: list[tuple[str, str]], evidence: dict[tuple[str, str], Evidence], room: int
+) -> CohortChoice:
+    """The next step for ``suspects`` (in delivery order) given their ``evidence`` and the
+    worker's ``room``: any whose worker died while it ran alone are guilty; otherwise the
+    suspects with the most evidence go first, as many as half the cohort that last died
+    with the first of them (all the room there is when none did). A cohort beside the
+    batch waits for room; a cohort of one runs alone and needs none."""
+    guilty = [e for e in suspects if evidence[e].crashed_alone]
+    if guilty:
+        return CohortChoice(guilty=guilty)
+    everything = 1 << 30
+    ordered = sorted(suspects, key=lambda e: evidence[e].next_cohort_size(everything))
+    cap = evidence[ordered[0]].next_cohort_size(everything) if ordered else 0
+    if not ordered or (cap > 1 and room <= 0):
+        return CohortChoice()
+    return CohortChoice(cohort=ordered[: min(cap, max(room, 1))])
+
+
 def field_of(stream: str, entry_id: str) -> str:
     """The hash field of one stream entry."""
     return f"{stream} {entry_id}"

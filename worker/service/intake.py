@@ -25,7 +25,7 @@ from worker.queue.consumer import own_pending, read_new, redeliver, touch
 from worker.queue.dead_letter import dead_letter, over_limit
 from worker.queue.delivery import Delivery
 from worker.queue.keys import QueueKeys
-from worker.queue.suspects import open_runs, read_evidence
+from worker.queue.suspects import choose_cohort, open_runs, read_evidence
 from worker.service.config import WorkerConfig
 from worker.service.flags import Flags
 from worker.service.inbox import Inbox
@@ -176,45 +176,26 @@ class Intake:
         return bool(self._cohort) or self.isolation_busy()
 
     def _run_cohort(self, suspects: list[tuple[str, str]], want: int) -> bool:
-        """Start the next cohort of suspects; False when there is no room for it yet.
-
-        Suspects with the most evidence go first; the cohort is half the size of the last
-        one that died with its first member (all the room there is when none did). A
-        suspect whose worker died while it ran alone is dead-lettered, not run again."""
+        """Start the next cohort of suspects (``worker.queue.suspects.choose_cohort``), or
+        dead-letter those proven guilty; False when a cohort must wait for room."""
         evidence = read_evidence(redis_client=self.redis, keys=self.keys, entries=suspects)
-        guilty = [e for e in suspects if evidence[e].crashed_alone]
-        if guilty:
-            got = redeliver(
-                redis_client=self.redis, keys=self.keys, consumer=self.consumer, entries=guilty
-            )
+        choice = choose_cohort(suspects, evidence, want)
+        entries = choice.guilty or choice.cohort
+        if not entries:
+            return False
+        if choice.cohort:  # recorded before any member runs, so a death mid-run is seen
+            cohort = {e: evidence[e] for e in choice.cohort}
+            open_runs(redis_client=self.redis, keys=self.keys, cohort=cohort, worker=self.worker_id)
+        got = redeliver(redis_client=self.redis, keys=self.keys, consumer=self.consumer, entries=entries)
+        told = {(d.stream, d.entry_id): evidence[(d.stream, d.entry_id)].describe() for d in got}
+        if choice.guilty:
             self._dead_letter(
-                got,
-                "its worker died while it ran alone: it reproduces the failure by itself",
-                {(d.stream, d.entry_id): evidence[(d.stream, d.entry_id)].describe() for d in got},
-            )
+                got, "its worker died while it ran alone: it reproduces the failure by itself", told)
             return True
-        suspects = sorted(suspects, key=lambda e: evidence[e].next_cohort_size(1 << 30))
-        cap = evidence[suspects[0]].next_cohort_size(1 << 30)
-        if cap > 1 and want <= 0:
-            return False  # a cohort beside the batch waits for room; one alone needs none
-        cohort = suspects[: min(cap, max(want, 1))]
-        open_runs(
-            redis_client=self.redis,
-            keys=self.keys,
-            cohort={e: evidence[e] for e in cohort},
-            worker=self.worker_id,
-        )
-        got = redeliver(redis_client=self.redis, keys=self.keys, consumer=self.consumer, entries=cohort)
         self.replayed += len(got)
-        alone = len(cohort) == 1
-        notes = {
-            (d.stream, d.entry_id): (
-                f"redelivered (delivery {d.deliveries}): "
-                f"{evidence[(d.stream, d.entry_id)].describe()}; ran "
-                + ("alone" if alone else f"in a cohort of {len(cohort)} suspects")
-            )
-            for d in got
-        }
+        alone = len(choice.cohort) == 1
+        how = "alone" if alone else f"in a cohort of {len(choice.cohort)} suspects"
+        notes = {k: f"redelivered: {v}; ran {how}" for k, v in told.items()}
         self._cohort = {d.job_id for d in got if d.job_id}
         log.info("running a cohort of %d suspect job(s)%s", len(got), " alone" if alone else "")
         self.accept(got, cohort_alone=alone, notes=notes)
