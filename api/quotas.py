@@ -1,21 +1,24 @@
 """Per-tenant quotas: queued jobs, jobs per minute, open batches, stored bytes. Over a
 quota the request is answered 429 with ``Retry-After``; a quota of 0 is off.
 
-The counts are read just before the write, so concurrent requests of one tenant can pass
-a quota by the number in flight (a soft limit); the per-minute rate is a Redis counter
-per tenant and minute, exact."""
+The queued-jobs quota is exact: the count runs inside the transaction that inserts the
+job, under a per-tenant lock (``check_queued_jobs``), so concurrent submissions of one
+tenant cannot pass it together. Open batches and stored bytes are read just before their
+write (a soft limit: concurrent requests can pass by the number in flight); the per-minute
+rate is a Redis counter per tenant and minute, exact."""
 
 from __future__ import annotations
 
 import time
 
 import redis
+from sqlalchemy.orm import Session
 
 from api.admission import refusal
 from api.context import Context
 from api.errors import ApiError
 from worker.queue.admission import redis_refusal
-from worker.store.crud.tenant_usage import open_batches, open_jobs, stored_bytes
+from worker.store.crud.tenant_usage import lock_tenant, open_batches, open_jobs, stored_bytes
 
 
 def _over(what: str, limit: int, retry_after: int, param: str | None = None) -> ApiError:
@@ -28,14 +31,22 @@ def _over(what: str, limit: int, retry_after: int, param: str | None = None) -> 
     )
 
 
+def check_queued_jobs(ctx: Context, session: Session, tenant: str, adding: int = 1) -> None:
+    """Inside the transaction that inserts ``adding`` jobs of ``tenant``: take the tenant's
+    lock, then refuse (429) if its open jobs would pass the quota."""
+    limit = ctx.settings.quota_queued_jobs
+    if not limit:
+        return
+    lock_tenant(session=session, tenant=tenant)
+    n = open_jobs(session=session, tenant=tenant)
+    if n + adding > limit:
+        raise _over(f"{n} jobs queued or running", limit, 30)
+
+
 def check_job_quotas(ctx: Context, tenant: str) -> None:
-    """Before a job submission: the tenant's open jobs and its submissions this minute."""
+    """Before a job submission: the tenant's submissions this minute (the open-jobs quota
+    is checked where the job is inserted, :func:`check_queued_jobs`)."""
     s = ctx.settings
-    if s.quota_queued_jobs:
-        with ctx.reads() as session:
-            n = open_jobs(session=session, tenant=tenant)
-        if n >= s.quota_queued_jobs:
-            raise _over(f"{n} jobs queued or running", s.quota_queued_jobs, 30)
     if s.quota_jobs_per_minute:
         now = time.time()
         minute = int(now // 60)

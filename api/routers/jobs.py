@@ -19,7 +19,7 @@ from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, known_id, not_found
 from api.limits import check_request_limits
 from api.ownership import owned_batch
-from api.quotas import check_job_quotas
+from api.quotas import check_job_quotas, check_queued_jobs
 from api.schemas import JobCreate, openai_body
 from api.views import job_view
 from worker.protocol.limits import check_id
@@ -144,6 +144,7 @@ def create_job(
     ) as traceparents:
         try:
             with ctx.session_factory.begin() as session:
+                check_queued_jobs(ctx, session, tenant)  # 429, exact under the tenant's lock
                 create_jobs(session=session, jobs=[job])
                 add_api_job(
                     session=session,

@@ -175,3 +175,17 @@ def test_quotas_answer_429_with_retry_after(make_env) -> None:
     files = {"file": ("in.jsonl", jsonl(batch_lines(3)), "application/jsonl")}
     _quota(env.client.post("/v1/files", files=files, data={"purpose": "batch"}, headers=h))
     assert len(env.client.get("/v1/files", headers=h).json()["data"]) == 1
+
+
+def test_the_queued_jobs_quota_holds_under_concurrent_submissions(make_env) -> None:
+    """The open-jobs count and the insert it allows run under the tenant's lock, in one
+    transaction: twelve submissions at once against a quota of three admit exactly three."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = make_env(quota_queued_jobs=3)
+    h = env.auth("tenant-race")
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda _: env.client.post("/v1/jobs", json=JOB, headers=h).status_code,
+                              range(12)))
+    assert sorted(codes) == [201] * 3 + [429] * 9, codes
+    assert len(env.client.get("/v1/jobs", headers=h).json()["data"]) == 3

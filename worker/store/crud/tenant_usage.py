@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -14,6 +14,17 @@ from worker.store.models import Batch, Job, StoredFile, WebhookSecret
 
 OPEN_JOB_STATUSES = ("queued", "running")
 OPEN_BATCH_STATUSES = ("validating", "in_progress", "cancelling", "finalizing")
+
+
+def lock_tenant(*, session: Session, tenant: str) -> None:
+    """Serialize this transaction with every other that takes the same tenant's lock, until
+    it ends (PostgreSQL's transaction-scoped advisory lock), so a count and the insert it
+    allows cannot interleave with another request's. SQLite serializes writers itself."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(
+            text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+            {"key": f"inflight:tenant:{tenant}"},
+        )
 
 
 def open_jobs(*, session: Session, tenant: str) -> int:
