@@ -32,8 +32,10 @@ def test_kill_between_commit_and_ack(
     ids = enqueue(session_factory=session_factory, redis_client=r, keys=keys,
                   jobs=prompt_jobs(N_JOBS, max_tokens=8))
     log = tmp_path / "workers.log"
+    # paced steps (50 ms): work is left to commit after the pause, however fast the engine
     a = start_worker(db_url=migrated_pg, redis_url=private_redis.url, prefix=keys.prefix,
-                     name="a", log_path=log, extra=FLAGS)
+                     name="a", log_path=log, extra=FLAGS, module="tests.faults.paced_worker",
+                     env={"INFLIGHT_TEST_STEP_S": "0.05"})
     try:
         wait_for(lambda: wf._counts(session_factory).get("succeeded", 0) >= 4, timeout=300,
                  what="first results", interval=0.05)
