@@ -7,7 +7,7 @@ from typing import Any
 
 from worker.protocol.openai_batch import (
     CHAT_ENDPOINT,
-    ExtraChoice,
+    Sample,
     build_response_body,
     choice_from_stored,
     split_stored,
@@ -34,7 +34,7 @@ def response_body(job: Job, *, model_name: str) -> dict[str, Any] | None:
     if job.choices:
         samples = [choice_from_stored(c) for c in job.choices]
     else:
-        samples = [ExtraChoice(text=job.text or "", finish_reason=job.finish_reason)]
+        samples = [Sample(text=job.text or "", finish_reason=job.finish_reason)]
     return build_response_body(
         is_chat=endpoint == CHAT_ENDPOINT,
         request_id=job.id,

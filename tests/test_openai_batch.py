@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from worker.protocol.openai_batch import (
     CHAT_ENDPOINT,
     COMPLETIONS_ENDPOINT,
-    ExtraChoice,
     GenerationRequest,
     LogprobInfo,
     RequestParseError,
+    Sample,
     build_response_body,
     format_batch_output_line,
     format_error_line,
@@ -337,7 +337,7 @@ def test_format_error_line():
 
 def body_for(req: GenerationRequest, logprobs=None) -> dict:
     return build_response_body(is_chat=req.is_chat, request_id="req_9", model="m",
-                               choices=[ExtraChoice("Hello", "stop", logprobs)],
+                               choices=[Sample("Hello", "stop", logprobs)],
                                prompt_tokens=4, completion_tokens=2, created=1700000000,
                                with_logprobs=req.params.logprobs is not None)
 

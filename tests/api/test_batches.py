@@ -163,7 +163,7 @@ def test_batch_output_carries_every_stored_sample_and_logprobs(env: ApiEnv) -> N
     """A line with n=2 and logprobs is queued like any other; its output line carries both
     samples as the worker stored them (token ids, stop reason, logprobs in the completions
     shape); lines stored without samples (rows from before) still read from their text."""
-    from worker.protocol.openai_batch import ExtraChoice, LogprobInfo, stored_choice
+    from worker.protocol.openai_batch import LogprobInfo, Sample, stored_choice
 
     h = env.auth("t-batch-n")
     good = batch_lines(2)
@@ -172,9 +172,9 @@ def test_batch_output_carries_every_stored_sample_and_logprobs(env: ApiEnv) -> N
     batch = _create(env, h, f["id"])
     assert batch["request_counts"] == {"total": 3, "completed": 0, "failed": 0}
     samples = [
-        ExtraChoice("a b", "length", [LogprobInfo("a", -0.5, [("a", -0.5)]),
+        Sample("a b", "length", [LogprobInfo("a", -0.5, [("a", -0.5)]),
                                       LogprobInfo(" b", -1.25, [(" b", -1.25)])], [7, 8]),
-        ExtraChoice("c", "stop", [LogprobInfo("c", -0.1, [("c", -0.1)])], [9], stop_reason=2),
+        Sample("c", "stop", [LogprobInfo("c", -0.1, [("c", -0.1)])], [9], stop_reason=2),
     ]
     _finish(env, batch["id"], choices={"many": [stored_choice(c) for c in samples]})
     done = env.client.get(f"/v1/batches/{batch['id']}", headers=h).json()

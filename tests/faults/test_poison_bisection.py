@@ -6,15 +6,13 @@ failed. The others finish in groups, not one at a time, and keep why they ran is
 from __future__ import annotations
 
 import math
-import threading
 
 import pytest
 
 from tests.service.conftest import REDIS_URL
-from tests.service.helpers import prompt_jobs, wait_for
+from tests.service.helpers import prompt_jobs, wait_for, worker_thread
 from worker.queue.producer import enqueue
 from worker.service.config import WorkerConfig
-from worker.service.worker import Worker
 from worker.store.crud.jobs import list_jobs
 from worker.store.schemas import NewJob
 
@@ -61,20 +59,13 @@ def test_one_bad_job_among_many_is_bisected_out(migrated_pg, session_factory, re
                     jobs=prompt_jobs(N_GOOD // 2, tag="late"))
     config = WorkerConfig(database_url=migrated_pg, redis_url=REDIS_URL, model="tiny-llama",
                           prefix=keys.prefix, name="bisect", prefetch=64, reconcile_interval=3600)
-    w = Worker(config, engine_factory=_poisoned_engine, install_signals=False)
-    t = threading.Thread(target=w.run)
-    t.start()
 
     def ended() -> bool:
         with session_factory() as s:
             return all(j.status not in ("queued", "running") for j in list_jobs(session=s, limit=1000))
 
-    try:
+    with worker_thread(config, _poisoned_engine) as w:
         wait_for(ended, timeout=120, what="every job to end")
-    finally:
-        w.stop()
-        t.join(60)
-    assert not t.is_alive()
     with session_factory() as s:
         jobs = {j.id: j for j in list_jobs(session=s, limit=1000)}
     assert jobs[poison].status == "failed" and "the engine failed on this job" in jobs[poison].error

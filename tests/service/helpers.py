@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from worker.store.schemas import NewJob
 
@@ -57,3 +60,20 @@ def start_worker(
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     log = open(log_path, "ab")  # noqa: SIM115
     return subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+
+
+@contextlib.contextmanager
+def worker_thread(config: Any, engine_factory: Callable[[Any], Any]) -> Iterator[Any]:
+    """A ``Worker`` running in a thread of this process while the block runs; stopped (and
+    checked to have stopped) when it ends."""
+    from worker.service.worker import Worker
+
+    w = Worker(config, engine_factory=engine_factory, install_signals=False)
+    t = threading.Thread(target=w.run)
+    t.start()
+    try:
+        yield w
+    finally:
+        w.stop()
+        t.join(60)
+    assert not t.is_alive(), "the worker did not stop"

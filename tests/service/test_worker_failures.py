@@ -181,7 +181,10 @@ def test_sigterm_drains_and_second_signal_stops_at_once(migrated_pg, session_fac
     counts = _counts(session_factory)
     assert counts.get("running", 0) == 0  # in-flight work finished or was handed back
     assert counts.get("succeeded", 0) < 24 and sum(counts.values()) == 24
-    # a new worker under the same name replays the handed-back entries and finishes the rest
+    # what the drain did not finish was re-published as fresh entries: nothing stays pending
+    # with a delivery counted against it
+    assert redis_client.xpending(keys.stream("batch"), keys.group)["pending"] == 0
+    # a new worker reads the re-published entries and finishes the rest
     w2 = start_worker(db_url=migrated_pg, redis_url=REDIS_URL, prefix=keys.prefix, name="d", log_path=log)
     try:
         wait_for(lambda: _done(session_factory, len(ids)), timeout=90, what="the rest to finish")

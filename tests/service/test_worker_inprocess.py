@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.service.conftest import REDIS_URL
-from tests.service.helpers import prompt_jobs, wait_for
+from tests.service.helpers import prompt_jobs, wait_for, worker_thread
 from worker.queue.cancel import request_cancel
 from worker.queue.message import JobMessage
 from worker.queue.producer import enqueue, publish
@@ -110,18 +110,13 @@ def test_the_stored_result_is_the_whole_answer(migrated_pg, session_factory, red
         NewJob(request={"url": "/v1/chat/completions", "body": chat}),
         NewJob(request={"url": "/v1/completions", "body": completion}),
     ])
-    w = Worker(config, engine_factory=_engine, install_signals=False)
-    t = threading.Thread(target=w.run)
-    t.start()
-    try:
-        def ended() -> bool:
-            with session_factory() as s:
-                return all(get_job(session=s, job_id=j).status == "succeeded" for j in ids)
 
+    def ended() -> bool:
+        with session_factory() as s:
+            return all(get_job(session=s, job_id=j).status == "succeeded" for j in ids)
+
+    with worker_thread(config, _engine):
         wait_for(ended, timeout=60, what="both jobs to succeed")
-    finally:
-        w.stop()
-        t.join(60)
     with session_factory() as s:
         chat_job, completion_job = (get_job(session=s, job_id=j) for j in ids)
     chat_body = response_body(chat_job, model_name="tiny")

@@ -34,8 +34,9 @@ def sample_step(
     if plain:
         rows = [row for _, row in plain]
         plain_logits = logits if len(rows) == logits.shape[0] else logits[rows]  # [num_plain, vocab]
-        apply_masks(plain_logits, [(i, s.seq.grammar) for i, (s, _) in enumerate(plain)
-                                   if s.seq.grammar is not None])
+        constrained = [(i, s.seq.grammar) for i, (s, _) in enumerate(plain)
+                       if s.seq.grammar is not None]
+        apply_masks(plain_logits, constrained)
         drawn = sampler.sample(plain_logits, [s.seq for s, _ in plain])
         for i, (s, _) in enumerate(plain):
             error = drawn.errors[i] if drawn.errors else None
@@ -44,7 +45,8 @@ def sample_step(
                 continue
             results.append(SampledTokens(s.seq, [(drawn.token_ids[i], drawn.logprobs[i])]))
             results.extend(fork(s, plain_logits[i]))
-    results = _advance_grammars(results, failed)
+        if constrained:  # forked samples of a constrained request are constrained too
+            results = _advance_grammars(results, failed)
     num_accepted = 0
     if drafted:
         verified, num_accepted, refused = verify_drafts(drafted, logits)

@@ -33,8 +33,8 @@ from worker.protocol.limits import (
 from worker.protocol.openai_content import is_int, json_type, parse_messages, parse_prompt
 from worker.protocol.openai_errors import RequestParseError
 from worker.protocol.openai_output import (
-    ExtraChoice,
     LogprobInfo,
+    Sample,
     build_response_body,
     choice_from_stored,
     error_object,
@@ -52,10 +52,10 @@ __all__ = [
     "CHAT_ENDPOINT",
     "COMPLETIONS_ENDPOINT",
     "ENDPOINTS",
-    "ExtraChoice",
     "GenerationRequest",
     "LogprobInfo",
     "RequestParseError",
+    "Sample",
     "build_response_body",
     "choice_from_stored",
     "error_object",
@@ -85,8 +85,8 @@ _SAMPLING_FIELDS = frozenset({
 # returned on the job object; ``model`` names the response; ``stream`` must be false.
 _IGNORED_FIELDS = frozenset({"model", "user", "stream", "metadata"})
 _CHAT_ONLY = frozenset({"messages", "max_completion_tokens", "top_logprobs"})
-# structured output (worker.protocol.structured_output), on both endpoints
 _COMPLETIONS_ONLY = frozenset({"prompt"})
+# STRUCTURED_FIELDS (response_format, guided_regex, guided_choice): on both endpoints
 _ALLOWED = {
     CHAT_ENDPOINT: _SAMPLING_FIELDS | _IGNORED_FIELDS | _CHAT_ONLY | STRUCTURED_FIELDS,
     COMPLETIONS_ENDPOINT: _SAMPLING_FIELDS | _IGNORED_FIELDS | _COMPLETIONS_ONLY | STRUCTURED_FIELDS,

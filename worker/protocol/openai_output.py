@@ -30,7 +30,7 @@ def new_request_id() -> str:
 
 
 @dataclass
-class ExtraChoice:
+class Sample:
     """One sample of a request (choice 0, and 1, 2, ... when n > 1). ``token_ids`` and
     ``stop_reason`` (the stop string or token id that ended it) go into the choice when
     known, as vLLM's responses carry them."""
@@ -42,7 +42,7 @@ class ExtraChoice:
     stop_reason: str | int | None = None
 
 
-def samples_of(out: Any, tokenizer: Any) -> list[ExtraChoice]:
+def samples_of(out: Any, tokenizer: Any) -> list[Sample]:
     """Every sample of a finished engine output (``RequestOutput``: its ``samples`` when
     n > 1, else itself), naming logprob tokens with ``tokenizer.decode`` (needed only when
     the output carries logprobs; None otherwise)."""
@@ -56,12 +56,12 @@ def samples_of(out: Any, tokenizer: Any) -> list[ExtraChoice]:
         return [LogprobInfo(token=decode([lp.token_id]), logprob=lp.logprob,
                             top=[(decode([t]), v) for t, v in lp.top.items()]) for lp in entries]
 
-    return [ExtraChoice(text=o.text, finish_reason=o.finish_reason, logprobs=logprobs(o.logprobs),
+    return [Sample(text=o.text, finish_reason=o.finish_reason, logprobs=logprobs(o.logprobs),
                         token_ids=list(o.token_ids), stop_reason=getattr(o, "stop_reason", None))
             for o in (getattr(out, "samples", None) or [out])]
 
 
-def stored_choice(sample: ExtraChoice) -> dict[str, Any]:
+def stored_choice(sample: Sample) -> dict[str, Any]:
     """A sample as the job store keeps it (JSON; see :func:`choice_from_stored`)."""
     logprobs = (
         None
@@ -73,10 +73,10 @@ def stored_choice(sample: ExtraChoice) -> dict[str, Any]:
             "stop_reason": sample.stop_reason, "token_ids": sample.token_ids, "logprobs": logprobs}
 
 
-def choice_from_stored(stored: dict[str, Any]) -> ExtraChoice:
+def choice_from_stored(stored: dict[str, Any]) -> Sample:
     """The sample :func:`stored_choice` wrote."""
     logprobs = stored.get("logprobs")
-    return ExtraChoice(
+    return Sample(
         text=stored.get("text") or "",
         finish_reason=stored.get("finish_reason"),
         logprobs=None if logprobs is None else [
@@ -93,7 +93,7 @@ def build_response_body(
     is_chat: bool,
     request_id: str,
     model: str,
-    choices: list[ExtraChoice],
+    choices: list[Sample],
     prompt_tokens: int,
     completion_tokens: int,
     created: int,
@@ -114,7 +114,7 @@ def build_response_body(
             "model": model, "choices": bodies, "usage": usage}
 
 
-def _choice(is_chat: bool, with_logprobs: bool, index: int, sample: ExtraChoice) -> dict[str, Any]:
+def _choice(is_chat: bool, with_logprobs: bool, index: int, sample: Sample) -> dict[str, Any]:
     logprobs = sample.logprobs if with_logprobs else None
     known = {k: v for k, v in (("stop_reason", sample.stop_reason),
                                ("token_ids", sample.token_ids)) if v is not None}

@@ -6,17 +6,12 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from worker.protocol.limits import LIMITS
+from worker.protocol.request_error import InvalidRequestError
+from worker.protocol.structured_output import check_structured
+
+__all__ = ["MAX_N", "InvalidRequestError", "SamplingParams"]
 
 MAX_N = 16  # samples per request
-
-
-class InvalidRequestError(ValueError):
-    """A request that can never be served as asked: bad values, too long, too large.
-    ``param`` names the offending field when one is known."""
-
-    def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass
@@ -109,8 +104,6 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "must be true or false")
         self._validate_logit_bias()
-        from worker.protocol.structured_output import check_structured  # it imports this module
-
         check_structured(self.structured, ignore_eos=self.ignore_eos)
 
     def _validate_stops(self) -> None:

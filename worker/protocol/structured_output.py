@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from worker.protocol.sampling_params import InvalidRequestError
+from worker.protocol.request_error import InvalidRequestError
 
 FIELDS = frozenset({"response_format", "guided_regex", "guided_choice"})
 MAX_SCHEMA_BYTES = 64 * 1024

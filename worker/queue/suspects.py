@@ -5,7 +5,8 @@ one: every job in flight when a worker is killed comes back. Suspects therefore 
 *cohorts*: a group of suspects admitted together, one cohort at a time per worker. Before a
 cohort runs, each member's record in the ``suspects`` hash (field ``"<stream> <entry id>"``)
 gets an open run: which worker, how many suspects beside it, whether it ran alone. A run
-that ends (result written, job handed back) deletes the record; so a record found on the
+that ends (result written and acked, job handed back, dead-lettered) deletes the record,
+in the same Redis round trip as that ack; so a record found on the
 next redelivery means the run it names never ended: its worker died with it.
 
 From that evidence the next cohort is half the size of the one that died (the first
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
@@ -64,7 +65,7 @@ class Evidence:
     def describe(self) -> str:
         """One line for the job's record, e.g. ``its worker died in 3 runs: ...``."""
         if not self.runs:
-            return "its worker died once while it ran in a full batch"
+            return "its worker died while it ran in a normal batch (no isolated run yet)"
         parts = [
             f"{'alone' if r.alone else f'in a group of {r.group} suspects'} on {r.worker} "
             f"at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(r.at))}"
@@ -137,13 +138,6 @@ def open_runs(
         for (s, e), ev in cohort.items()
     }
     redis_client.hset(keys.suspects, mapping=mapping)  # type: ignore[arg-type]
-
-
-def forget(*, redis_client: redis.Redis, keys: QueueKeys, entries: Iterable[tuple[str, str]]) -> None:
-    """Drop the records of entries whose run ended (written, handed back, dead-lettered)."""
-    fields = [field_of(s, e) for s, e in entries]
-    if fields:
-        redis_client.hdel(keys.suspects, *fields)
 
 
 def _decode(value: Any) -> Evidence:

@@ -172,8 +172,7 @@ class Intake:
         return time.monotonic() + 0.1
 
     def _cohort_busy(self) -> bool:
-        self._cohort = {j for j in self._cohort if self.registry.get(j) is not None}
-        return bool(self._cohort) or self.isolation_busy()
+        return self.registry.holds_any(self._cohort) or self.isolation_busy()
 
     def _run_cohort(self, suspects: list[tuple[str, str]], want: int) -> bool:
         """Start the next cohort of suspects (``worker.queue.suspects.choose_cohort``), or

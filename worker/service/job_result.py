@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.protocol.openai_batch import ExtraChoice, samples_of, stored_choice
+from worker.protocol.openai_batch import Sample, samples_of, stored_choice
 from worker.service.inflight import HeldJob
 from worker.store.base import from_epoch, utcnow
 from worker.store.schemas import JobResult
@@ -49,7 +49,7 @@ def job_result(out: Any, held: HeldJob, *, status: str, tokenizer: Any) -> JobRe
     )
 
 
-def _cleaned(sample: ExtraChoice) -> ExtraChoice:
+def _cleaned(sample: Sample) -> Sample:
     sample.text = clean(sample.text) or ""
     if isinstance(sample.stop_reason, str):
         sample.stop_reason = clean(sample.stop_reason)

@@ -38,9 +38,6 @@ def sources(target: str) -> tuple[str, ...]:
     return tuple(s for s, nxt in TRANSITIONS.items() if target in nxt)
 
 
-def is_allowed(old: str | None, new: str) -> bool:
-    """True when a job may go from ``old`` to ``new`` (``old`` None: it is being created,
-    which only ``queued`` may be)."""
-    if old is None:
-        return new == Q
+def is_allowed(old: str, new: str) -> bool:
+    """True when a job may go from ``old`` to ``new``."""
     return new in TRANSITIONS.get(old, frozenset())

@@ -296,8 +296,8 @@ def job_trace(*, session: Session, job_id: str, longest: int = 5) -> JobTrace | 
         return None
     trace = JobTrace(
         id=job.id, status=job.status, worker_id=job.worker_id, attempts=job.attempts,
-        error=job.error, isolation=job.isolation, finish_reason=job.finish_reason, prompt_tokens=job.prompt_tokens,
-        completion_tokens=job.completion_tokens, queued_at=job.queued_at,
+        error=job.error, isolation=job.isolation, finish_reason=job.finish_reason,
+        prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens, queued_at=job.queued_at,
         started_at=job.started_at, first_token_at=job.first_token_at,
         finished_at=job.finished_at, first_step=job.first_step, last_step=job.last_step,
     )  # fmt: skip

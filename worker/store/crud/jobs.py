@@ -18,7 +18,6 @@ from worker.store.job_lifecycle import OPEN, sources
 from worker.store.models import Job, JobStatus
 from worker.store.schemas import JobResult, NewJob
 
-_OPEN = OPEN
 # "may be finished" as literal SQL, usable in executemany (no expanding IN parameter)
 _FINISHABLE_SQL = text(
     "jobs.status IN (" + ", ".join(f"'{s}'" for s in sources(JobStatus.SUCCEEDED.value)) + ")"
@@ -274,7 +273,7 @@ def cancel_requested_among(*, session: Session, job_ids: Sequence[str]) -> set[s
         return set()
     stmt = select(Job.id).where(
         Job.id.in_(list(job_ids)),
-        Job.status.in_(_OPEN),
+        Job.status.in_(OPEN),
         Job.cancel_requested_at.is_not(None),
     )
     return set(session.scalars(stmt))
@@ -287,7 +286,7 @@ def open_job_heads(
     id: what the reconciler needs to pick candidates, without loading request bodies."""
     stmt = (
         select(Job.id, Job.status, Job.worker_id)
-        .where(Job.status.in_(_OPEN), Job.queued_at < queued_before, Job.id > after_id)
+        .where(Job.status.in_(OPEN), Job.queued_at < queued_before, Job.id > after_id)
         .order_by(Job.id)
         .limit(limit)
     )
@@ -298,7 +297,7 @@ def open_jobs_with_ids(*, session: Session, job_ids: Sequence[str]) -> list[Job]
     """The full rows of those of these jobs that are still queued or running."""
     if not job_ids:
         return []
-    stmt = select(Job).where(Job.id.in_(list(job_ids)), Job.status.in_(_OPEN)).order_by(Job.id)
+    stmt = select(Job).where(Job.id.in_(list(job_ids)), Job.status.in_(OPEN)).order_by(Job.id)
     return list(session.scalars(stmt))
 
 

@@ -10,9 +10,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from worker.store.base import utcnow
+from worker.store.job_lifecycle import OPEN
 from worker.store.models import Batch, Job, StoredFile, WebhookSecret
 
-OPEN_JOB_STATUSES = ("queued", "running")
 OPEN_BATCH_STATUSES = ("validating", "in_progress", "cancelling", "finalizing")
 
 
@@ -29,7 +29,7 @@ def lock_tenant(*, session: Session, tenant: str) -> None:
 
 def open_jobs(*, session: Session, tenant: str) -> int:
     """Jobs of ``tenant`` queued or running."""
-    stmt = select(func.count()).where(Job.tenant == tenant, Job.status.in_(OPEN_JOB_STATUSES))
+    stmt = select(func.count()).where(Job.tenant == tenant, Job.status.in_(OPEN))
     return int(session.scalar(stmt) or 0)
 
 

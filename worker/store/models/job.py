@@ -22,7 +22,6 @@ class JobStatus(str, Enum):
     CANCELLED = "cancelled"
 
 
-
 class Job(Base):
     """One generation request. ``request`` is the body as submitted (prompt or messages
     plus sampling fields); the result columns are filled once, when it ends."""
