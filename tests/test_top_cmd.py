@@ -39,7 +39,7 @@ def db(tmp_path):
     """A migrated SQLite file: worker ``w-top`` stepped 4 times in the last 2 s (latest batch
     17, KV 50/200) and once long ago, finished 3 jobs recently and 1 long ago; ``w-old`` is
     stopped. Returns (url, now)."""
-    from worker.store.migrate import upgrade
+    from migrations.run import upgrade
 
     url = f"sqlite:///{tmp_path / 'top.db'}"
     upgrade(url=url)

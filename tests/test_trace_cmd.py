@@ -53,7 +53,7 @@ def db_url(tmp_path) -> str:
     in steps 5-6 (first token at 0.65 s, during step 6), decodes in steps 7-10 and ends at
     1.05 s with 5 tokens. Others on w1: A (steps 1-6), B (2-12), C (8-9), D (11-12); E runs
     on w2; Q is still queued; R is running on w1 since 0.95 s."""
-    from worker.store.migrate import upgrade
+    from migrations.run import upgrade
 
     url = f"sqlite:///{tmp_path / 'trace.db'}"
     upgrade(url=url)
@@ -176,7 +176,7 @@ def test_plot_writes_a_png(db_url: str, tmp_path, capsys: pytest.CaptureFixture[
 
 
 def test_rows_older_than_the_job_are_flagged(tmp_path) -> None:
-    from worker.store.migrate import upgrade
+    from migrations.run import upgrade
 
     url = f"sqlite:///{tmp_path / 'restart.db'}"
     upgrade(url=url)

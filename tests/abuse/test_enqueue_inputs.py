@@ -26,7 +26,7 @@ RAW = [
 
 def test_enqueue_reports_each_bad_line_and_keeps_the_good(tmp_path, redis_client, keys,
                                                            capsys) -> None:
-    from worker.store.migrate import upgrade
+    from migrations.run import upgrade
 
     db = f"sqlite:///{tmp_path / 'q.db'}"
     upgrade(url=db)

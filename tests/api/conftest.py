@@ -35,7 +35,7 @@ def api_db_url() -> Iterator[str]:
         pytest.skip("Redis is not answering on 127.0.0.1:6379 (start it to run the API tests)")
     import psycopg
 
-    from worker.store.migrate import upgrade
+    from migrations.run import upgrade
 
     name = f"inflight_api_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:

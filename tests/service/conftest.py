@@ -58,7 +58,7 @@ def sqlite_url(tmp_path) -> str:
 @pytest.fixture
 def migrated_pg(pg_url: str) -> str:
     """A fresh PostgreSQL database at the latest revision."""
-    from worker.store.migrate import upgrade
+    from migrations.run import upgrade
 
     upgrade(url=pg_url)
     return pg_url
@@ -67,7 +67,7 @@ def migrated_pg(pg_url: str) -> str:
 @pytest.fixture
 def migrated_sqlite(sqlite_url: str) -> str:
     """A fresh SQLite database at the latest revision."""
-    from worker.store.migrate import upgrade
+    from migrations.run import upgrade
 
     upgrade(url=sqlite_url)
     return sqlite_url

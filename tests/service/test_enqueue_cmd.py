@@ -13,7 +13,7 @@ pytestmark = pytest.mark.services
 
 
 def test_enqueue_takes_n_above_one_and_refuses_bad_lines_alone(tmp_path, redis_client, keys, capsys) -> None:
-    from worker.store.migrate import upgrade
+    from migrations.run import upgrade
 
     db = f"sqlite:///{tmp_path / 'q.db'}"
     upgrade(url=db)

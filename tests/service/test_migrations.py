@@ -7,9 +7,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
+from migrations.run import downgrade, upgrade
 from worker.store.base import Base
 from worker.store.db import make_engine
-from worker.store.migrate import downgrade, upgrade
 
 TABLES = {
     "jobs", "iterations", "batches", "workers", "api_keys", "files", "api_jobs", "batch_progress",

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         storage_dir=args.storage_dir,
     )
     if args.migrate:
-        from worker.store.migrate import upgrade
+        from migrations.run import upgrade
 
         upgrade(url=settings.database_url)
     if args.workers > 1:

@@ -21,8 +21,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the migrations; 0 on success."""
+    from migrations.run import downgrade, upgrade
     from worker.store.db import database_url
-    from worker.store.migrate import downgrade, upgrade
 
     url = database_url(args.database_url)
     if args.downgrade:

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     )
     config = config_from_args(args)
     if args.migrate:
-        from worker.store.migrate import upgrade
+        from migrations.run import upgrade
 
         upgrade(url=config.database_url)
     from worker.service.worker import Worker

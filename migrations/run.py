@@ -1,4 +1,8 @@
-"""Run the store's Alembic migrations from code (what ``inflight migrate`` calls)."""
+"""Run the store's Alembic migrations from code (what ``inflight migrate`` calls).
+
+The scripts are this package's own directory (env.py, script.py.mako, versions/), so the
+configuration is built here rather than read from the repository's alembic.ini: it works
+from any directory and in an installed package."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from alembic.config import Config
 
 from worker.store.db import normalize_url
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+MIGRATIONS_DIR = Path(__file__).resolve().parent  # the migrations package: env.py, versions/
 
 
 def alembic_config(*, url: str) -> Config:

@@ -1,1 +1,0 @@
-"""Alembic migration scripts of the store (shipped inside the package)."""
