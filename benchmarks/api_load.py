@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from api.serve_thread import free_port
+    from migrations.run import upgrade
     from worker.store.crud.api_keys import create_api_key
     from worker.store.db import make_engine, make_session_factory
-    from worker.store.migrate import upgrade
 
     made_db = None
     db_url = args.database_url

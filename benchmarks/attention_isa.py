@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.harness.machine import cpu_description
 from kernels import cpu_native, reference
-from worker.engine.bench.machine import cpu_description
 
 
 def _time(fn, repeats: int) -> float:

@@ -29,15 +29,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.harness.machine import cpu_description  # noqa: E402
 from benchmarks.make_chat_workload import read_turns  # noqa: E402
-from worker.engine.bench.machine import cpu_description  # noqa: E402
+from migrations.run import upgrade  # noqa: E402
+from worker.jobs.enqueue import enqueue  # noqa: E402
 from worker.queue.connection import make_redis  # noqa: E402
 from worker.queue.group import ensure_groups  # noqa: E402
 from worker.queue.keys import QueueKeys  # noqa: E402
-from worker.queue.producer import enqueue  # noqa: E402
 from worker.store.crud.jobs import count_by_status  # noqa: E402
 from worker.store.db import make_engine, make_session_factory  # noqa: E402
-from worker.store.migrate import upgrade  # noqa: E402
 from worker.store.models import Iteration, Job  # noqa: E402
 from worker.store.schemas import NewJob  # noqa: E402
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from worker.engine.bench.workload import (
+from benchmarks.harness.workload import (
     BenchRequest,
     static_utilization,
     write_or_check,

@@ -16,21 +16,21 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from migrations.run import upgrade
+from worker.engine.outputs import RequestMetrics, RequestOutput, StepStats
+from worker.jobs.enqueue import enqueue
 from worker.queue.connection import make_redis
 from worker.queue.group import ensure_groups
 from worker.queue.keys import QueueKeys
-from worker.queue.producer import enqueue
 from worker.service.config import WorkerConfig
 from worker.service.worker import Worker
 from worker.store.crud.jobs import count_by_status
 from worker.store.db import make_engine, make_session_factory
-from worker.store.migrate import upgrade
 from worker.store.schemas import NewJob
 
 PG = "postgresql://postgres@127.0.0.1:5432/"
@@ -38,48 +38,10 @@ POLL_S = 0.01  # completion poll (adds at most this much to a service run)
 
 
 # -- a no-op engine, only for measuring intake ----------------------------------------------
-@dataclass
-class _Metrics:
-    arrival_time: float
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    finished_time: float | None = None
-    first_step: int | None = None
-    last_step: int | None = None
-
-
-@dataclass
-class _Out:
-    request_id: str
-    prompt_token_ids: list[int]
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-    metrics: _Metrics
-    finished: bool = True
-    error: str | None = None
-
-
-@dataclass
-class _Stats:
-    step: int
-    num_running: int = 0
-    num_waiting: int = 0
-    num_prefill_tokens: int = 0
-    num_decode_tokens: int = 0
-    kv_blocks_used: int = 0
-    kv_blocks_total: int = 0
-    num_preemptions: int = 0
-    num_admitted: int = 0
-    num_finished: int = 0
-    schedule_seconds: float = 0.0
-    forward_seconds: float = 0.0
-    sample_seconds: float = 0.0
-    start_time: float = field(default_factory=time.time)
-
-
 class NoOpEngine:
     """Same API as LLMEngine; every request finishes in the step after it is added."""
+
+    tokenizer = None  # outputs carry text; no logprobs are asked
 
     def __init__(self, max_num_seqs: int = 1024) -> None:
         self.max_num_seqs = max_num_seqs
@@ -101,14 +63,20 @@ class NoOpEngine:
     def admission_capacity(self) -> int:
         return max(0, self.max_num_seqs - len(self.pending))
 
-    def step(self) -> tuple[list[_Out], _Stats]:
-        now = time.time()
+    def step(self) -> tuple[list[RequestOutput], StepStats]:
+        now, k = time.time(), self.step_index
         outs = [
-            _Out(rid, ids, "ok", [7], "length", _Metrics(now, now, now, now, self.step_index, self.step_index))
+            RequestOutput(request_id=rid, prompt=None, prompt_token_ids=ids, text="ok",
+                          token_ids=[7], finish_reason="length", finished=True, new_token_ids=[7],
+                          metrics=RequestMetrics(now, now, now, now, k, k))
             for rid, ids in self.pending.items()
         ]
         self.pending = {}
-        stats = _Stats(step=self.step_index, num_finished=len(outs), num_admitted=len(outs))
+        stats = StepStats(step=k, num_running=0, num_waiting=0, num_prefill_tokens=0,
+                          num_decode_tokens=0, kv_blocks_used=0, kv_blocks_total=0,
+                          num_preemptions=0, num_admitted=len(outs), num_finished=len(outs),
+                          schedule_seconds=0.0, forward_seconds=0.0, sample_seconds=0.0,
+                          start_time=now)
         self.step_index += 1
         return outs, stats
 
@@ -186,8 +154,8 @@ def run_worker(env: Env, engine: Any, n: int, **cfg: Any) -> tuple[float, dict]:
 
 
 def bench_throughput(args: argparse.Namespace, env: Env) -> dict:
+    from benchmarks.harness.workload import fit_to_vocab, read_workload
     from worker.engine import EngineArgs, LLMEngine, SamplingParams
-    from worker.engine.bench.workload import fit_to_vocab, read_workload
 
     engine = LLMEngine(EngineArgs(model=args.model, max_num_seqs=args.max_num_seqs, num_threads=args.threads))
     reqs = fit_to_vocab(read_workload(args.workload), engine.runner.model.config.vocab_size)

@@ -22,8 +22,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks.harness.machine import cpu_description
 from worker.engine import EngineArgs, LLMEngine, SamplingParams
-from worker.engine.bench.machine import cpu_description
 
 
 def _timed(totals: dict[str, float], key: str, fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.harness.metrics import StepRecord, fcfs_steps, static_steps, summarize_steps
+from benchmarks.harness.workload import DEFAULT_WORKLOAD, read_workload, static_utilization
 from worker.cli.main import main
-from worker.engine.bench.metrics import StepRecord, fcfs_steps, static_steps, summarize_steps
-from worker.engine.bench.workload import DEFAULT_WORKLOAD, read_workload, static_utilization
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,8 +98,8 @@ def test_without_the_peer_environment_vllm_is_a_clear_error(tmp_path: Path, caps
 
 
 def test_report_helpers() -> None:
-    from worker.engine.bench.machine import cpu_description
-    from worker.engine.bench.report import agreement, ratios_of
+    from benchmarks.harness.machine import cpu_description
+    from benchmarks.harness.report import agreement, ratios_of
 
     ref = {"a": [1, 2, 3], "b": [4, 5, 6]}
     assert agreement(ref, {"a": [1, 2, 3], "b": [4, 0, 6]}, prefix=2) == 0.5
@@ -171,8 +171,59 @@ def test_bench_cmd_does_not_import_torch() -> None:
     assert out.stdout.strip() == "False"
 
 
+_NO_MATPLOTLIB_RUN = """\
+import sys
+sys.modules["matplotlib"] = None  # any import of it now raises ImportError
+import benchmarks.harness.runner, worker.cli.bench_cmd
+from worker.cli.main import main
+def loaded():
+    return sorted(m for m, mod in sys.modules.items()
+                  if m.partition(".")[0] == "matplotlib" and mod is not None)
+assert loaded() == [], loaded()
+status = main(["bench", "--model", "tiny-llama", "--limit", "3", "-q", "--threads", "1",
+               "--configs", "continuous-16,hf-16", "--workload", sys.argv[1],
+               "--out-dir", sys.argv[2]])
+print(status, loaded(), sys.modules["matplotlib"])
+"""
+
+
+def test_bench_without_the_plot_never_imports_matplotlib(tmp_path: Path) -> None:
+    """matplotlib is the optional ``bench`` extra: importing the CLI and the harness, and a
+    run that draws no occupancy plot (not both continuous-16 and static-16), work without it."""
+    _small_workload(tmp_path / "w.jsonl")
+    out = subprocess.run([sys.executable, "-c", _NO_MATPLOTLIB_RUN, str(tmp_path / "w.jsonl"),
+                          str(tmp_path / "o")], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "0 [] None"  # never tried: the placeholder is intact
+    assert set(json.loads((tmp_path / "o" / "bench.json").read_text())["runs"]) == {
+        "continuous-16", "hf-16"}
+
+
+def test_without_matplotlib_the_run_skips_its_plot_and_says_why(tmp_path: Path, monkeypatch,
+                                                      capsys) -> None:
+    from benchmarks.harness.plot import MISSING_MATPLOTLIB, plot_occupancy
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    try:
+        plot_occupancy(tmp_path / "p.png", {"a": [1, 2]}, slots=2, title="t")
+    except RuntimeError as exc:
+        assert str(exc) == MISSING_MATPLOTLIB == (
+            "plots need matplotlib: pip install 'inflight[bench]'")
+    else:
+        raise AssertionError("plot_occupancy drew without matplotlib")
+    # a run that would draw the plot says it will not, and still writes its figures
+    _small_workload(tmp_path / "w.jsonl")
+    status = main(["bench", "--model", "tiny-llama", "--limit", "3", "-q", "--configs",
+                   "static-16,continuous-16", "--workload", str(tmp_path / "w.jsonl"),
+                   "--out-dir", str(tmp_path / "o")])
+    assert status == 0
+    assert MISSING_MATPLOTLIB in capsys.readouterr().err
+    assert (tmp_path / "o" / "bench.json").exists()
+    assert not (tmp_path / "o" / "bench_occupancy.png").exists()
+
+
 def test_cli_config_names_match_the_runner() -> None:
+    from benchmarks.harness.runner import CONFIGS
     from worker.cli.bench_cmd import _CONFIG_NAMES
-    from worker.engine.bench.runner import CONFIGS
 
     assert set(_CONFIG_NAMES) == set(CONFIGS)

@@ -28,7 +28,7 @@ from benchmarks.gpucheck.pytest_runs import (
 )
 from benchmarks.gpucheck.report import Recorder
 from benchmarks.gpucheck.workspace import Workspace
-from worker.engine.bench.workload import BenchRequest
+from benchmarks.harness.workload import BenchRequest
 
 NO_CUDA = "no CUDA device here"
 
@@ -221,7 +221,7 @@ def bandwidth_figures(rec: Recorder, ws: Workspace) -> None:
 
 def throughput_runs(rec: Recorder, ws: Workspace) -> None:
     """The engine (continuous with/without graphs, padded static) against HF, in turn."""
-    from worker.engine.bench.engine_run import warm_up
+    from benchmarks.harness.engine_run import warm_up
     from worker.engine.config import POLICIES
 
     plan = ws.plan

@@ -1,6 +1,6 @@
 """``inflight bench``: this engine (continuous and static) against HF ``generate``, one run.
 
-The measuring lives in ``worker.engine.bench``; this module only parses options and
+The measuring lives in ``benchmarks.harness``; this module only parses options and
 imports torch (through the runner) inside ``run()``.
 """
 
@@ -12,19 +12,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
-_CONFIG_NAMES = ("inflight", "inflight-bf16", "static-16", "continuous-16", "continuous-64",
-                 "continuous-64+ngram", "hf-16", "vllm")
+_CONFIG_NAMES = ("inflight", "inflight-bf16", "static-16", "static-padded-16", "continuous-16",
+                 "continuous-64", "continuous-64+ngram", "hf-16", "vllm")
 _DEFAULT_CONFIGS = ("inflight", "inflight-bf16", "static-16", "continuous-16", "hf-16")
 _DESCRIPTION = """\
 Time this engine as LLM() builds it (fp32, and bf16 by choice), with continuous batching
-at 16 and 64 slots (64 also with n-gram speculative decoding), its static policy (cohorts
-of 16), Hugging Face generate (left-padded batches of 16) and, with --peer vllm, vLLM for
-the CPU (in its own environment: bash benchmarks/peer/setup_vllm.sh), on one workload, one
+at 16 and 64 slots (64 also with n-gram speculative decoding), its static policies
+(cohorts of 16; static-padded-16: finished members keep computing a pad row until their
+cohort ends, as HF generate does), Hugging Face generate (left-padded batches of 16) and,
+with --peer vllm, vLLM for the CPU (in its own environment: bash benchmarks/peer/setup_vllm.sh), on one workload, one
 after another in one invocation, and print every ratio, the share of requests whose first
 16 tokens agree with the exact fp32 output, slot utilization, KV waste, peak RSS and the
 machine's CPU and vector extensions. Load, compilation and warm-up are never timed.
 Writes OUT_DIR/bench.json and OUT_DIR/bench_occupancy.png (sequences per step,
-continuous-16 vs static-16)."""
+continuous-16 vs static-16, when both run; the plot needs matplotlib:
+pip install 'inflight[bench]')."""
 
 
 def _default_workload() -> str:
@@ -83,8 +85,8 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; 0 on success (targets missed are reported, not an error)."""
-    from worker.engine.bench.report import format_report
-    from worker.engine.bench.runner import BenchOptions, run_benchmark
+    from benchmarks.harness.report import format_report
+    from benchmarks.harness.runner import BenchOptions, run_benchmark
 
     configs = [c for c in args.configs if not (args.skip_hf and c == "hf-16")]
     configs += [p for p in args.peer if p not in configs]

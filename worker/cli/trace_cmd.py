@@ -202,8 +202,12 @@ def format_trace(trace: JobTrace, *, now: datetime | None = None) -> str:
 
 def plot_trace(*, trace: JobTrace, rows: list[Any], path: str) -> None:
     """Draw running/waiting sequences and KV use against time (seconds from the job's
-    start) to ``path``, the job's span shaded, its first token marked."""
-    import matplotlib
+    start) to ``path``, the job's span shaded, its first token marked. Needs matplotlib
+    (the ``bench`` extra); without it, raises ``RuntimeError`` saying how to install it."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise RuntimeError("plots need matplotlib: pip install 'inflight[bench]'") from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -291,6 +295,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"inflight trace: nothing to plot, no iterations rows of worker "
                   f"{trace.worker_id} around job {trace.id}", file=sys.stderr)  # fmt: skip
             return 1
-        plot_trace(trace=trace, rows=rows, path=args.plot)
+        try:
+            plot_trace(trace=trace, rows=rows, path=args.plot)
+        except RuntimeError as exc:
+            print(f"inflight trace: {exc}", file=sys.stderr)
+            return 1
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0

@@ -11,9 +11,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from worker.engine.bench.machine import RssSampler
-from worker.engine.bench.metrics import StepRecord, summarize_steps
-from worker.engine.bench.workload import BenchRequest
+from benchmarks.harness.machine import RssSampler
+from benchmarks.harness.metrics import StepRecord, summarize_steps
+from benchmarks.harness.workload import BenchRequest
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.scheduler import Scheduler
 from worker.engine.speculation import NgramSpeculator
@@ -57,7 +57,8 @@ def warm_up(engine: LLMEngine, requests: Sequence[BenchRequest], *, max_num_seqs
 
 def _record(stats: Any, wall: float) -> StepRecord:
     return StepRecord(
-        scheduled=stats.num_scheduled_seqs, waiting_before=stats.num_waiting_before,
+        scheduled=stats.num_scheduled_seqs - stats.num_pad_rows,  # pad rows are no work
+        waiting_before=stats.num_waiting_before,
         prefill_tokens=stats.num_prefill_tokens, decode_tokens=stats.num_decode_tokens,
         kv_blocks_used=stats.kv_blocks_used, kv_tokens=stats.kv_tokens,
         schedule_seconds=stats.schedule_seconds, forward_seconds=stats.forward_seconds,

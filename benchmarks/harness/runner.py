@@ -9,15 +9,16 @@ from __future__ import annotations
 import datetime
 import gc
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.engine.bench.machine import machine_description
-from worker.engine.bench.metrics import DEFINITIONS, fcfs_steps, ratio, static_steps
-from worker.engine.bench.report import agreement, ratios_of, targets_of
-from worker.engine.bench.workload import (
+from benchmarks.harness.machine import machine_description
+from benchmarks.harness.metrics import DEFINITIONS, fcfs_steps, ratio, static_steps
+from benchmarks.harness.report import agreement, ratios_of, targets_of
+from benchmarks.harness.workload import (
     DEFAULT_WORKLOAD,
     BenchRequest,
     fit_to_vocab,
@@ -44,6 +45,8 @@ CONFIGS: dict[str, RunConfig] = {
     "inflight": RunConfig("engine", None, defaults=True),
     "inflight-bf16": RunConfig("engine", None, dtype="bfloat16", defaults=True),
     "static-16": RunConfig("engine", 16, "static"),
+    # lockstep cohorts: a finished member keeps a pad row until its cohort ends, as HF does
+    "static-padded-16": RunConfig("engine", 16, "static-padded"),
     "continuous-16": RunConfig("engine", 16, "fcfs"),
     "continuous-64": RunConfig("engine", 64, "fcfs"),
     "continuous-64+ngram": RunConfig("engine", 64, "fcfs", SPECULATIVE_TOKENS),
@@ -119,15 +122,19 @@ def run_benchmark(opts: BenchOptions, say: Callable[[str], None] = print) -> dic
     import torch
     from transformers import AutoConfig
 
-    from worker.engine.bench.engine_run import run_engine, warm_up
-    from worker.engine.bench.hf_run import load_hf_model, run_hf, warm_up_hf
-    from worker.engine.bench.peer_run import DEFAULT_PEER_PYTHON, run_vllm
-    from worker.engine.bench.plot import plot_occupancy
+    from benchmarks.harness.engine_run import run_engine, warm_up
+    from benchmarks.harness.hf_run import load_hf_model, run_hf, warm_up_hf
+    from benchmarks.harness.peer_run import DEFAULT_PEER_PYTHON, run_vllm
+    from benchmarks.harness.plot import MISSING_MATPLOTLIB, has_matplotlib, plot_occupancy
     from worker.engine.models.loader import resolve_checkpoint_dir
 
     unknown = [c for c in opts.configs if c not in CONFIGS]
     if unknown:
         raise ValueError(f"unknown configs {unknown}; choose from {list(CONFIGS)}")
+    draw = {"continuous-16", "static-16"} <= set(opts.configs)
+    if draw and not has_matplotlib():  # said before any run: the figures do not need it
+        print(f"note: no occupancy plot this run ({MISSING_MATPLOTLIB})", file=sys.stderr)
+        draw = False
     if opts.threads:
         torch.set_num_threads(opts.threads)
     requests = read_workload(opts.workload, opts.limit)
@@ -207,7 +214,7 @@ def run_benchmark(opts: BenchOptions, say: Callable[[str], None] = print) -> dic
         del model
         gc.collect()
     result = write()
-    if "continuous-16" in runs and "static-16" in runs:
+    if draw:
         plot_occupancy(out_dir / OUTPUT_PNG, {
             "continuous-16": runs["continuous-16"]["occupancy"],
             "static-16": runs["static-16"]["occupancy"]},

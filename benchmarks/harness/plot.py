@@ -1,15 +1,33 @@
-"""PNG of batch occupancy per step: continuous vs static, on the same slot count."""
+"""PNG of batch occupancy per step: continuous vs static, on the same slot count.
+
+matplotlib is an optional extra (``pip install 'inflight[bench]'``): it is imported only
+when a plot is drawn, so runs that draw none work without it.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+MISSING_MATPLOTLIB = "plots need matplotlib: pip install 'inflight[bench]'"
+
+
+def has_matplotlib() -> bool:
+    """Whether matplotlib is installed (checked without importing it)."""
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def plot_occupancy(path: str | Path, series: Mapping[str, Sequence[int]], *, slots: int,
                    title: str) -> None:
     """Draw sequences scheduled per step, one line per run, against the slot count."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise RuntimeError(MISSING_MATPLOTLIB) from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

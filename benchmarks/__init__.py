@@ -1,0 +1,1 @@
+"""Benchmark scripts and the harness behind ``inflight bench``."""
