@@ -16,7 +16,6 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-import redis
 from sqlalchemy import select
 
 from api.context import Context
@@ -24,9 +23,8 @@ from api.control.batch_ids import line_job_id
 from api.control.staging import append_errors
 from api.errors import ApiError
 from api.limits import check_request_limits
+from worker.jobs.enqueue import JobWrite, NotPublished, enqueuing
 from worker.protocol.openai_batch import RequestParseError, format_error_line, parse_request_line
-from worker.queue.message import JobMessage
-from worker.queue.producer import publish
 from worker.store.base import utcnow
 from worker.store.crud.batch_admin import cancel_queued_jobs, get_progress, set_batch_status
 from worker.store.crud.batches import get_batch
@@ -37,7 +35,6 @@ from worker.store.crud.expansion import (
     release_expansion,
 )
 from worker.store.crud.files import get_file
-from worker.store.crud.jobs import create_jobs
 from worker.store.models import Batch, Job
 from worker.store.schemas import NewJob
 
@@ -231,43 +228,48 @@ def _commit_chunk(
     transaction, then publish. False when the batch is no longer expandable (cancelled
     meanwhile) or the lease was lost (another expansion took over after it expired)."""
     append_errors(ctx, batch_id, chunk.errors)  # keyed by line: a replayed chunk overwrites
-    with ctx.session_factory.begin() as session:
-        # row lock: a concurrent cancel either lands before this chunk (which then stops)
-        # or after it (and then sees, and cancels, this chunk's jobs)
-        batch = session.get(Batch, batch_id, with_for_update=True)
-        if batch is None or batch.status not in EXPANDABLE:
-            return False
-        progress = get_progress(session=session, batch_id=batch_id)
-        if not holds_lease(progress=progress, owner=owner):
-            log.warning(
-                "batch %s: expansion lease lost to %s; stopping", batch_id, progress.lease_owner
-            )
-            return False
-        create_jobs(session=session, jobs=chunk.jobs)
-        progress.lines_read = max(progress.lines_read, chunk.last_line)
-        progress.invalid_lines += len(chunk.errors)
-        progress.lease_until = utcnow() + timedelta(seconds=ctx.settings.expand_lease)
-        batch.request_total = (batch.request_total or 0) + len(chunk.jobs) + len(chunk.errors)
-        if final and not batch.request_total:
-            batch.errors = [_error("empty_file", "the input file has no requests")]
-            set_batch_status(session=session, batch_id=batch_id, status="failed")
-            return False
-        if final:
-            progress.expanded = 1
-        if batch.status == "validating":
-            set_batch_status(session=session, batch_id=batch_id, status="in_progress")
-    msgs = [
-        ("batch", JobMessage(job_id=j.id, body=j.request, tenant=j.tenant, priority=j.priority))
-        for j in chunk.jobs
-    ]
     try:
-        publish(redis_client=ctx.redis, keys=ctx.keys, messages=msgs)
-    except redis.RedisError:
+        with enqueuing(
+            session_factory=ctx.session_factory,
+            redis_client=ctx.redis,
+            keys=ctx.keys,
+            jobs=chunk.jobs,
+        ) as write:
+            go_on = _record_chunk(ctx, write, batch_id, chunk, owner=owner, final=final)
+    except NotPublished:
+        return True  # committed: the reconciler publishes the chunk's jobs
+    return go_on
+
+
+def _record_chunk(
+    ctx: Context, write: JobWrite, batch_id: str, chunk: _Chunk, *, owner: str, final: bool
+) -> bool:
+    """The chunk's writes inside the enqueue transaction (see :func:`_commit_chunk`)."""
+    session = write.session
+    # row lock: a concurrent cancel either lands before this chunk (which then stops)
+    # or after it (and then sees, and cancels, this chunk's jobs)
+    batch = session.get(Batch, batch_id, with_for_update=True)
+    if batch is None or batch.status not in EXPANDABLE:
+        return False
+    progress = get_progress(session=session, batch_id=batch_id)
+    if not holds_lease(progress=progress, owner=owner):
         log.warning(
-            "batch %s: %d jobs committed but not published; the reconciler will",
-            batch_id,
-            len(msgs),
+            "batch %s: expansion lease lost to %s; stopping", batch_id, progress.lease_owner
         )
+        return False
+    write.insert()
+    progress.lines_read = max(progress.lines_read, chunk.last_line)
+    progress.invalid_lines += len(chunk.errors)
+    progress.lease_until = utcnow() + timedelta(seconds=ctx.settings.expand_lease)
+    batch.request_total = (batch.request_total or 0) + len(chunk.jobs) + len(chunk.errors)
+    if final and not batch.request_total:
+        batch.errors = [_error("empty_file", "the input file has no requests")]
+        set_batch_status(session=session, batch_id=batch_id, status="failed")
+        return False
+    if final:
+        progress.expanded = 1
+    if batch.status == "validating":
+        set_batch_status(session=session, batch_id=batch_id, status="in_progress")
     return True
 
 

@@ -7,8 +7,8 @@ from datetime import timedelta
 
 from api.context import Context
 from api.control.finalize import finalize_batch
-from worker.queue.cancel import request_cancel
-from worker.queue.reconciler import reconcile
+from worker.jobs.cancel import request_cancel
+from worker.jobs.republish import reconcile
 from worker.store.base import utcnow
 from worker.store.crud.batch_admin import (
     batches_in_status,

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from typing import Any, Literal
 
-import redis
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
@@ -22,23 +20,20 @@ from api.ownership import owned_batch
 from api.quotas import check_job_quotas, check_queued_jobs
 from api.schemas import JobCreate, openai_body
 from api.views import job_view
+from worker.jobs.cancel import request_cancel
+from worker.jobs.enqueue import NotPublished, enqueuing
 from worker.protocol.limits import check_id
 from worker.protocol.openai_batch import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, parse_request_body
-from worker.queue.cancel import request_cancel
-from worker.queue.message import JobMessage
-from worker.queue.producer import publish
 from worker.store.crud.api_jobs import (
     add_api_job,
     find_by_idempotency_key,
     get_api_job,
     get_job_with_meta,
 )
-from worker.store.crud.jobs import create_jobs, get_job, list_jobs, new_job_id
+from worker.store.crud.jobs import get_job, list_jobs, new_job_id
 from worker.store.models import Job
 from worker.store.schemas import NewJob
-from worker.telemetry.enqueue_spans import EnqueuedJob, enqueue_spans
 
-log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 JobStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -139,37 +134,27 @@ def create_job(
         custom_id=payload.custom_id,
         id=new_job_id(),
     )
-    with enqueue_spans(
-        [EnqueuedJob(job.id, job.queue_class, tenant, job.priority)]
-    ) as traceparents:
-        try:
-            with ctx.session_factory.begin() as session:
-                check_queued_jobs(ctx, session, tenant)  # 429, exact under the tenant's lock
-                create_jobs(session=session, jobs=[job])
-                add_api_job(
-                    session=session,
-                    job_id=job.id,
-                    tenant=tenant,
-                    idempotency_key=key,
-                    body_hash=digest,
-                    callback_url=payload.callback_url,
-                )
-        except IntegrityError:
-            replay = _replay(ctx, tenant, key, digest) if key else None
-            if replay is None:
-                raise
-            return replay
-        message = JobMessage(
-            job_id=job.id,
-            body=job.request,
-            tenant=tenant,
-            priority=job.priority,
-            traceparent=traceparents.get(job.id),
-        )
-        try:
-            publish(redis_client=ctx.redis, keys=ctx.keys, messages=[(job.queue_class, message)])
-        except redis.RedisError:
-            log.warning("job %s committed but not published; the reconciler will", job.id)
+    try:
+        with enqueuing(
+            session_factory=ctx.session_factory, redis_client=ctx.redis, keys=ctx.keys, jobs=[job]
+        ) as write:
+            check_queued_jobs(ctx, write.session, tenant)  # 429, exact under the tenant's lock
+            write.insert()
+            add_api_job(
+                session=write.session,
+                job_id=job.id,
+                tenant=tenant,
+                idempotency_key=key,
+                body_hash=digest,
+                callback_url=payload.callback_url,
+            )
+    except NotPublished:
+        pass  # committed: the job is durable and the reconciler publishes it
+    except IntegrityError:
+        replay = _replay(ctx, tenant, key, digest) if key else None
+        if replay is None:
+            raise
+        return replay
     return JSONResponse(_view(ctx, _owned_job(ctx, tenant, job.id)), status_code=201)
 
 

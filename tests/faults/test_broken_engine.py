@@ -9,8 +9,8 @@ import pytest
 import tests.service.test_worker_failures as wf
 from tests.service.conftest import REDIS_URL
 from tests.service.helpers import prompt_jobs, start_worker, wait_for
+from worker.jobs.enqueue import enqueue
 from worker.queue.group import ensure_groups
-from worker.queue.producer import enqueue
 from worker.store.crud.jobs import list_jobs
 
 pytestmark = pytest.mark.services

@@ -11,8 +11,8 @@ import pytest
 from tests.faults.engines import paced_tiny
 from tests.service.conftest import REDIS_URL
 from tests.service.helpers import wait_for
-from worker.queue.cancel import request_cancel
-from worker.queue.producer import enqueue
+from worker.jobs.cancel import request_cancel
+from worker.jobs.enqueue import enqueue
 from worker.service.config import WorkerConfig
 from worker.service.worker import Worker
 from worker.store.crud.jobs import cancel_job, get_job, start_jobs

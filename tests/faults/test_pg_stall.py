@@ -16,8 +16,8 @@ import tests.service.test_worker_failures as wf
 from tests.faults.processes import StallingProxy
 from tests.service.conftest import REDIS_URL
 from tests.service.helpers import prompt_jobs, start_worker, wait_for
+from worker.jobs.enqueue import enqueue
 from worker.queue.group import ensure_groups
-from worker.queue.producer import enqueue
 
 pytestmark = pytest.mark.services
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.service.conftest import REDIS_URL
 from tests.service.helpers import prompt_jobs, wait_for, worker_thread
-from worker.queue.producer import enqueue
+from worker.jobs.enqueue import enqueue
 from worker.service.config import WorkerConfig
 from worker.store.crud.jobs import list_jobs
 from worker.store.schemas import NewJob

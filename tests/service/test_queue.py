@@ -8,13 +8,14 @@ from datetime import timedelta
 import pytest
 
 from tests.service.conftest import delete_prefix
+from worker.jobs.dead_letter import dead_letter
+from worker.jobs.enqueue import enqueue
+from worker.jobs.republish import reconcile
 from worker.queue.claim import take_over_stale
 from worker.queue.consumer import ack, own_pending, read_new, redeliver, touch
-from worker.queue.dead_letter import dead_letter, over_limit
+from worker.queue.dead_letter import over_limit
 from worker.queue.group import ensure_groups
 from worker.queue.message import JobMessage, MessageError
-from worker.queue.producer import enqueue
-from worker.queue.reconciler import reconcile
 from worker.queue.trim import trim_streams
 from worker.store.crud.jobs import get_job, start_jobs
 from worker.store.schemas import NewJob

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from tests.service.helpers import prompt_jobs
+from worker.jobs.dead_letter import dead_letter
+from worker.jobs.enqueue import enqueue
 from worker.queue.consumer import ack, read_new
-from worker.queue.dead_letter import dead_letter
 from worker.queue.group import ensure_groups
 from worker.queue.handback import hand_back
-from worker.queue.producer import enqueue
 from worker.queue.suspects import (
     CohortChoice,
     Evidence,

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tests.service.conftest import REDIS_URL
 from tests.service.helpers import prompt_jobs, wait_for
-from worker.queue.producer import enqueue
+from worker.jobs.enqueue import enqueue
 from worker.service.config import WorkerConfig
 from worker.service.worker import Worker
 from worker.store.crud.jobs import get_job

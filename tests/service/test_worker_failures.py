@@ -14,8 +14,8 @@ import pytest
 from tests.service.conftest import REDIS_URL, delete_prefix
 from tests.service.helpers import prompt_jobs, start_worker, wait_for
 from tests.service.tcp_proxy import TcpProxy
+from worker.jobs.enqueue import enqueue
 from worker.queue.group import ensure_groups
-from worker.queue.producer import enqueue
 from worker.store.crud.jobs import count_by_status
 from worker.store.job_lifecycle import is_allowed
 from worker.store.schemas import NewJob

@@ -53,12 +53,12 @@ def run(args: argparse.Namespace) -> int:
     re-run with the same --batch-id continues without duplicates."""
     import redis
 
+    from worker.jobs.enqueue import NotPublished, enqueue
     from worker.protocol.limits import LimitError, check_tenant
     from worker.protocol.openai_batch import RequestParseError, parse_request_line
     from worker.queue.admission import QueueRefused
     from worker.queue.connection import make_redis, redis_url
     from worker.queue.keys import QueueKeys
-    from worker.queue.producer import enqueue
     from worker.store.crud.jobs import keyed_job_id
     from worker.store.db import database_url, make_engine, make_session_factory
     from worker.store.schemas import NewJob
@@ -80,19 +80,26 @@ def run(args: argparse.Namespace) -> int:
     seen: set[str] = set()
     stopped: str | None = None
 
-    def flush() -> None:
+    def printed(ids: list[str]) -> None:
         nonlocal total
+        sys.stdout.write("".join(f"{i}\n" for i in ids))
+        total += len(ids)
+
+    def flush() -> None:
         while pending:
             part = pending[: admit_room(args, client, keys, len(pending))]
-            ids = enqueue(
-                session_factory=session_factory,
-                redis_client=client,
-                keys=keys,
-                jobs=part,
-                skip_existing=args.batch_id is not None,
-            )
-            sys.stdout.write("".join(f"{i}\n" for i in ids))
-            total += len(ids)
+            try:
+                ids = enqueue(
+                    session_factory=session_factory,
+                    redis_client=client,
+                    keys=keys,
+                    jobs=part,
+                    skip_existing=args.batch_id is not None,
+                )
+            except NotPublished as exc:  # committed (the reconciler publishes them): stop
+                printed(exc.job_ids)
+                raise
+            printed(ids)
             del pending[: len(part)]
 
     stream = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # noqa: SIM115

@@ -1,4 +1,5 @@
-"""Cancellation: a queued job ends at once; a running one is flagged for its worker."""
+"""Cancel signals: the Redis set a running job's worker polls between engine steps (the
+cancel itself is recorded in SQL first, :mod:`worker.jobs.cancel`)."""
 
 from __future__ import annotations
 
@@ -6,32 +7,18 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import redis
-from sqlalchemy.orm import Session, sessionmaker
 
 from worker.queue.keys import QueueKeys
-from worker.store.crud.jobs import cancel_job
 
 CANCEL_TTL_S = 7 * 24 * 3600
 
 
-def request_cancel(
-    *,
-    session_factory: sessionmaker[Session],
-    redis_client: redis.Redis,
-    keys: QueueKeys,
-    job_id: str,
-) -> str | None:
-    """Cancel ``job_id``. Returns its status afterwards: ``cancelled`` (was queued),
-    ``running`` (its worker will abort it between steps and write ``cancelled``), a terminal
-    status (nothing to do), or None (no such job)."""
-    with session_factory.begin() as session:
-        status = cancel_job(session=session, job_id=job_id)
-    if status == "running":
-        pipe = redis_client.pipeline(transaction=False)
-        pipe.sadd(keys.cancels, job_id)
-        pipe.expire(keys.cancels, CANCEL_TTL_S)
-        pipe.execute()
-    return status
+def flag_cancel(*, redis_client: redis.Redis, keys: QueueKeys, job_id: str) -> None:
+    """Signal a running job's worker that its (already recorded) cancel is due."""
+    pipe = redis_client.pipeline(transaction=False)
+    pipe.sadd(keys.cancels, job_id)
+    pipe.expire(keys.cancels, CANCEL_TTL_S)
+    pipe.execute()
 
 
 def cancelled_among(

@@ -1,0 +1,130 @@
+"""Enqueue: commit the job rows first, then publish one stream message per job.
+
+One error policy for every producer (REST, batch expansion, ``inflight enqueue``): the
+commit is the enqueue. A Redis failure after it loses nothing (the reconciler publishes
+open jobs that no stream carries, :mod:`worker.jobs.republish`); it is logged here once and
+raised as :class:`NotPublished`, which carries the committed ids, so each caller can say
+what it means for its user. A failure before or during the commit writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import redis
+from sqlalchemy.orm import Session, sessionmaker
+
+from worker.queue.keys import QueueKeys
+from worker.queue.message import JobMessage
+from worker.queue.producer import publish
+from worker.store.crud.jobs import create_jobs, new_job_id
+from worker.store.schemas import NewJob
+from worker.telemetry.enqueue_spans import EnqueuedJob, enqueue_spans
+
+log = logging.getLogger(__name__)
+
+
+class NotPublished(redis.RedisError):
+    """The jobs are committed (queued in SQL) but Redis refused their messages; the
+    reconciler publishes them later. ``job_ids`` are the committed ids."""
+
+    def __init__(self, job_ids: list[str], cause: redis.RedisError) -> None:
+        super().__init__(f"{len(job_ids)} jobs committed but not published ({cause})")
+        self.job_ids = job_ids
+
+
+class JobWrite:
+    """The open transaction of one enqueue: run the caller's own checks and writes on
+    ``session``, and :meth:`insert` the jobs (at most once). Only inserted jobs are
+    published, after the commit."""
+
+    def __init__(self, session: Session, jobs: Sequence[NewJob], skip_existing: bool) -> None:
+        self.session = session
+        self._jobs, self._skip_existing = jobs, skip_existing
+        self.inserted: list[str] = []
+
+    def insert(self) -> list[str]:
+        """Insert the jobs in this transaction; returns the ids inserted (with
+        ``skip_existing``, the ids already stored are left out)."""
+        self.inserted = create_jobs(
+            session=self.session, jobs=self._jobs, skip_existing=self._skip_existing
+        )
+        return self.inserted
+
+
+@contextmanager
+def enqueuing(
+    *,
+    session_factory: sessionmaker[Session],
+    redis_client: redis.Redis,
+    keys: QueueKeys,
+    jobs: Sequence[NewJob],
+    traceparent: str | None = None,
+    skip_existing: bool = False,
+) -> Iterator[JobWrite]:
+    """Open one transaction for ``jobs``; on a clean exit commit it, then publish the jobs
+    the body inserted (raises :class:`NotPublished` if Redis refuses). An exception in the
+    body rolls everything back and publishes nothing.
+
+    Each job gets its id now (``job.id`` when set) and, with tracing on, an
+    ``inflight.enqueue`` span (child of ``traceparent`` or of the current span) whose
+    context its message carries."""
+    for job in jobs:
+        keys.stream(job.queue_class)  # validate before writing anything
+        job.id = job.id or new_job_id()  # known before the commit, for the spans
+    spans = [EnqueuedJob(j.id, j.queue_class, j.tenant, j.priority) for j in jobs]
+    with enqueue_spans(spans, traceparent=traceparent) as traceparents:
+        with session_factory.begin() as session:
+            write = JobWrite(session, jobs, skip_existing)
+            yield write
+        fresh = set(write.inserted)
+        messages = [
+            (
+                job.queue_class,
+                JobMessage(
+                    job_id=job.id,
+                    body=job.request,
+                    tenant=job.tenant,
+                    priority=job.priority,
+                    traceparent=traceparents.get(job.id),
+                ),
+            )
+            for job in jobs
+            if job.id in fresh
+        ]
+        try:
+            publish(redis_client=redis_client, keys=keys, messages=messages)
+        except redis.RedisError as exc:
+            log.warning(
+                "committed %d jobs but could not publish them; the reconciler will: %s",
+                len(messages),
+                exc,
+            )
+            raise NotPublished(write.inserted, exc) from exc
+
+
+def enqueue(
+    *,
+    session_factory: sessionmaker[Session],
+    redis_client: redis.Redis,
+    keys: QueueKeys,
+    jobs: Sequence[NewJob],
+    traceparent: str | None = None,
+    skip_existing: bool = False,
+) -> list[str]:
+    """Insert the jobs (one transaction, committed), then publish them; returns the ids
+    inserted. With ``skip_existing`` a job whose id is already stored is neither inserted
+    nor published again (a re-run of an interrupted producer). Raises
+    :class:`NotPublished` when the commit held and the publish did not."""
+    with enqueuing(
+        session_factory=session_factory,
+        redis_client=redis_client,
+        keys=keys,
+        jobs=jobs,
+        traceparent=traceparent,
+        skip_existing=skip_existing,
+    ) as write:
+        write.insert()
+    return write.inserted
