@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 
 from worker.queue.delivery import Delivery
+from worker.service.held_jobs import HeldJob
 from worker.service.inbox import Inbox
-from worker.service.inflight import HeldJob
 
 N = 5_000
 

@@ -7,16 +7,18 @@ import threading
 import time
 
 import pytest
+from sqlalchemy import select
 
 from tests.service.conftest import REDIS_URL
 from tests.service.helpers import prompt_jobs, wait_for, worker_thread
-from worker.queue.cancel import request_cancel
+from worker.jobs.cancel import request_cancel
+from worker.jobs.enqueue import enqueue
 from worker.queue.message import JobMessage
-from worker.queue.producer import enqueue, publish
+from worker.queue.producer import publish
 from worker.service.config import WorkerConfig
 from worker.service.worker import Worker
-from worker.store.crud.iterations import batch_mates, iterations_of_job
 from worker.store.crud.jobs import count_by_status, get_job, list_jobs
+from worker.store.models import Iteration, Job
 from worker.store.schemas import NewJob
 
 pytestmark = pytest.mark.services
@@ -85,10 +87,18 @@ def test_worker_runs_jobs_and_isolates_bad_ones(migrated_pg, session_factory, re
         assert jobs[long[0]].status == "cancelled" and (jobs[long[0]].completion_tokens or 0) < 240
         ok = jobs[good[-1]]
         assert ok.first_step is not None and ok.last_step >= ok.first_step and ok.first_token_at is not None
-        steps = iterations_of_job(session=s, job_id=ok.id)
+        steps = list(s.scalars(
+            select(Iteration)
+            .where(Iteration.worker_id == ok.worker_id, Iteration.step >= ok.first_step,
+                   Iteration.step <= ok.last_step)
+            .order_by(Iteration.step)
+        ))
         assert [it.step for it in steps] == list(range(ok.first_step, ok.last_step + 1))
         assert all(it.num_prefill_tokens + it.num_decode_tokens >= 1 for it in steps)
-        assert batch_mates(session=s, job_id=ok.id)
+        mates = s.scalars(select(Job.id).where(
+            Job.worker_id == ok.worker_id, Job.id != ok.id,
+            Job.first_step <= ok.last_step, Job.last_step >= ok.first_step)).all()
+        assert mates  # it shared its batch with other jobs
         assert count_by_status(session=s).get("running", 0) == 0
     assert w.stats["skipped"] >= 1
 

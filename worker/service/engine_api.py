@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from worker.engine.outputs import RequestOutput, StepStats
 from worker.protocol.sampling_params import InvalidRequestError, SamplingParams
 
 
 class EngineAPI(Protocol):
-    """The engine as the loop drives it."""
+    """The engine as the loop drives it (``tokenizer``: a Hugging Face tokenizer, or None
+    for an engine that does not decode token ids itself)."""
+
+    tokenizer: Any
 
     def tokenize(
         self, prompt: str | None = None, messages: list[dict] | None = None
@@ -26,7 +30,7 @@ class EngineAPI(Protocol):
         arrival_time: float | None = None,
     ) -> None: ...
     def abort_request(self, request_id: str) -> None: ...
-    def step(self) -> tuple[list[Any], Any]: ...
+    def step(self) -> tuple[list[RequestOutput], StepStats]: ...
     def has_unfinished_requests(self) -> bool: ...
     def admission_capacity(self) -> int: ...
 

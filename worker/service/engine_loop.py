@@ -16,20 +16,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-from worker.service.config import WorkerConfig
+from worker.engine.outputs import RequestOutput
 from worker.service.engine_api import EngineAPI, error_text
 from worker.service.engine_health import EngineBroken, probe_engine
-from worker.service.flags import Flags
-from worker.service.inbox import Inbox
-from worker.service.inflight import HeldJob
+from worker.service.held_jobs import HeldJob
 from worker.service.isolation import Isolation
-from worker.service.job_result import finished_status, job_result
-from worker.service.observe import JobObserver, trace_row
+from worker.service.loop_counters import LoopCounters
+from worker.service.loop_results import LoopResults
+from worker.service.observe import JobObserver
 from worker.service.prepare import prepare
-from worker.service.writer import Finished, HandBack, OutputWriter, Release
-from worker.store.schemas import JobResult
+from worker.service.runtime import WorkerRuntime
+from worker.service.writer import OutputWriter
 
 log = logging.getLogger(__name__)
 
@@ -41,44 +39,27 @@ class EngineLoop:
         self,
         *,
         engine: EngineAPI,
-        config: WorkerConfig,
+        runtime: WorkerRuntime,
         writer: OutputWriter,
-        flags: Flags,
-        inbox: Inbox,
-        work_ready: threading.Event,
-        want_changed: threading.Event,
-        worker_id: str,
         on_drain: Callable[[], None] = lambda: None,
         observer: JobObserver | None = None,
     ) -> None:
-        self.engine = engine
-        self.config = config
-        self.writer = writer
-        self.flags = flags
-        self.inbox = inbox
-        self.work_ready = work_ready
-        self.want_changed = want_changed
-        self.worker_id = worker_id
-        self.on_drain = on_drain
+        self.engine, self.writer, self.on_drain = engine, writer, on_drain
+        self.config, self.flags, self.inbox = runtime.config, runtime.flags, runtime.inbox
+        self.work_ready, self.want_changed = runtime.work_ready, runtime.want_changed
+        self.worker_id = runtime.worker_id
         self.lock = threading.Lock()
         self._capacity = engine.admission_capacity()  # the intake's first read sees the room
         self._cancel_requests: set[str] = set()
         self.active: dict[str, HeldJob] = {}
         self.cancelling: set[str] = set()
         self.isolation = Isolation()
-        self.steps = 0
-        self.finished = 0
-        self.failed = 0
+        self.counters = LoopCounters()
+        self.results = LoopResults(writer=writer, counters=self.counters, worker_id=self.worker_id,
+                                   tokenizer=engine.tokenizer, observer=observer)
         self._drain_deadline: float | None = None
-        # telemetry: read by observable metrics at collection time; bumped once per step
         self.observer = observer
-        self._observe = observer is not None and observer.enabled
         self._note_preemptions = observer is not None and observer.tracing
-        self.last_stats: Any = None
-        self.generated_tokens = 0
-        self.preemptions_total = 0
-        self.cached_prompt_tokens = 0
-        self.computed_prompt_tokens = 0
 
     # -- called from other threads -------------------------------------------------------
     def want(self) -> int:
@@ -187,22 +168,9 @@ class EngineLoop:
                 tenant=msg.tenant,
             )
         except Exception as exc:
-            self._fail(held, error_text(exc))
+            self.results.failed(held, error_text(exc))
             return
         self.active[held.job_id] = held
-
-    def _fail(self, held: HeldJob, error: str) -> None:
-        self.failed += 1
-        result = JobResult(
-            job_id=held.job_id, status="failed", error=error, isolation=held.isolation
-        )
-        self.writer.put(Finished(result, held, self._timeline(held, result)))
-
-    def _timeline(self, held: HeldJob, result: JobResult, metrics: Any = None) -> Any:
-        if not self._observe:
-            return None
-        assert self.observer is not None
-        return self.observer.timeline(held, result, metrics)
 
     def _apply_cancels(self) -> None:
         with self.lock:
@@ -211,8 +179,7 @@ class EngineLoop:
             ids, self._cancel_requests = self._cancel_requests, set()
             waiting = self.inbox.take_ids(ids)
         for h in waiting:
-            result = JobResult(job_id=h.job_id, status="cancelled", finish_reason="abort")
-            self.writer.put(Finished(result, h, self._timeline(h, result)))
+            self.results.cancelled(h)
         for job_id in ids:
             if job_id in self.active and job_id not in self.cancelling:
                 self.cancelling.add(job_id)
@@ -224,34 +191,23 @@ class EngineLoop:
         except Exception as exc:
             self._on_step_error(exc)
             return
-        self.steps += 1
-        self.last_stats = stats
-        # new tokens of this step (several per output when drafts were accepted)
-        self.generated_tokens += sum(len(getattr(o, "new_token_ids", ())) for o in outputs)
-        if stats.num_preemptions:
-            self.preemptions_total += stats.num_preemptions
-            if self._note_preemptions:
-                assert self.observer is not None
-                self.observer.note_preemptions(self.engine, stats)
-        self.cached_prompt_tokens += getattr(stats, "num_cached_tokens", 0)
-        self.computed_prompt_tokens += stats.num_prefill_tokens
+        self.counters.note_step(outputs, stats)
+        if stats.num_preemptions and self._note_preemptions:
+            assert self.observer is not None
+            self.observer.note_preemptions(self.engine, stats)
         for out in outputs:
             if out.finished:
                 self._finish(out)
         if self.config.write_traces:
-            self.writer.put(trace_row(self.worker_id, stats))
+            self.results.step_trace(stats)
 
-    def _finish(self, out: Any) -> None:
+    def _finish(self, out: RequestOutput) -> None:
         held = self.active.pop(out.request_id, None)
         if held is None:
             return  # aborted for isolation or drain; handled elsewhere
         cancelled = out.request_id in self.cancelling
         self.cancelling.discard(out.request_id)
-        status = finished_status(out, cancelled=cancelled)
-        self.finished += 1
-        result = job_result(out, held, status=status,
-                            tokenizer=getattr(self.engine, "tokenizer", None))
-        self.writer.put(Finished(result, held, self._timeline(held, result, out.metrics)))
+        self.results.finished(out, held, cancelled=cancelled)
 
     def _on_step_error(self, exc: Exception) -> None:
         suspects = list(self.active.values())
@@ -269,9 +225,9 @@ class EngineLoop:
         if not suspects:
             return
         if len(suspects) == 1:
-            self._fail(suspects[0], f"the engine failed on this job: {error_text(exc)}")
+            self.results.failed(suspects[0], f"the engine failed on this job: {error_text(exc)}")
             return
-        why = f"engine step {self.steps + 1} failed with {len(suspects)} jobs in it ({error_text(exc)})"
+        why = f"engine step {self.counters.steps + 1} failed with {len(suspects)} jobs in it ({error_text(exc)})"
         with self.lock:
             self.isolation.bisect(suspects, why=why)
 
@@ -286,8 +242,7 @@ class EngineLoop:
         for h in self.active.values():
             self.engine.abort_request(h.job_id)
         self.active.clear()
-        if left:
-            self.writer.put(HandBack(left))
+        self.results.hand_back(left)
         return len(left)
 
     def _drain_step(self) -> bool:
@@ -298,8 +253,7 @@ class EngineLoop:
             self.on_drain()
             with self.lock:
                 left = self.inbox.take_all() + self.isolation.take_all()
-            if left:
-                self.writer.put(Release(left))
+            self.results.release(left)
         if not self.active and not self.engine.has_unfinished_requests():
             return True
         if time.monotonic() >= self._drain_deadline:
@@ -308,7 +262,6 @@ class EngineLoop:
             for h in left:
                 self.engine.abort_request(h.job_id)
             self.active.clear()
-            if left:
-                self.writer.put(Release(left))
+            self.results.release(left)
             return True
         return False

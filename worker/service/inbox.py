@@ -8,7 +8,7 @@ import threading
 from collections import deque
 from collections.abc import Collection, Iterable
 
-from worker.service.inflight import HeldJob
+from worker.service.held_jobs import HeldJob
 
 
 class Inbox:

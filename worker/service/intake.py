@@ -15,22 +15,16 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
 
-import redis
-from sqlalchemy.orm import Session, sessionmaker
-
+from worker.jobs.dead_letter import dead_letter
 from worker.queue.claim import take_over_stale
 from worker.queue.consumer import own_pending, read_new, redeliver, touch
-from worker.queue.dead_letter import dead_letter, over_limit
+from worker.queue.dead_letter import over_limit
 from worker.queue.delivery import Delivery
-from worker.queue.keys import QueueKeys
 from worker.queue.suspects import choose_cohort, open_runs, read_evidence
-from worker.service.config import WorkerConfig
-from worker.service.flags import Flags
-from worker.service.inbox import Inbox
-from worker.service.inflight import HeldJob, Registry
+from worker.service.held_jobs import HeldJob
 from worker.service.retry import retry
+from worker.service.runtime import LoopDesk, WorkerRuntime
 from worker.service.writer import AckOnly, OutputWriter
 from worker.store.crud.jobs import start_jobs
 
@@ -38,43 +32,16 @@ log = logging.getLogger(__name__)
 
 
 class Intake:
-    """The intake thread. The engine loop publishes how many jobs it wants through
-    ``want_fn``; intake puts HeldJobs in the ``inbox`` and sets ``work_ready``."""
+    """The intake thread. The engine loop says how many jobs it wants (``loop.want()``);
+    intake puts HeldJobs in the runtime's ``inbox`` and sets ``work_ready``."""
 
-    def __init__(
-        self,
-        *,
-        config: WorkerConfig,
-        session_factory: sessionmaker[Session],
-        redis_client: redis.Redis,
-        keys: QueueKeys,
-        consumer: str,
-        worker_id: str,
-        registry: Registry,
-        writer: OutputWriter,
-        flags: Flags,
-        inbox: Inbox,
-        want_fn: Callable[[], int],
-        work_ready: threading.Event,
-        want_changed: threading.Event,
-        cohort_fn: Callable[..., None],
-        isolation_busy: Callable[[], bool],
-    ) -> None:
-        self.config = config
-        self.session_factory = session_factory
-        self.redis = redis_client
-        self.keys = keys
-        self.consumer = consumer
-        self.worker_id = worker_id
-        self.registry = registry
-        self.writer = writer
-        self.flags = flags
-        self.inbox = inbox
-        self.want_fn = want_fn
-        self.work_ready = work_ready
-        self.want_changed = want_changed
-        self.cohort_fn = cohort_fn  # (held, *, alone) -> runs a cohort of suspects
-        self.isolation_busy = isolation_busy
+    def __init__(self, *, runtime: WorkerRuntime, writer: OutputWriter, loop: LoopDesk) -> None:
+        rt = runtime
+        self.config, self.flags, self.registry, self.inbox = rt.config, rt.flags, rt.registry, rt.inbox
+        self.session_factory, self.redis, self.keys = rt.session_factory, rt.redis, rt.keys
+        self.consumer, self.worker_id = rt.consumer, rt.worker_id
+        self.work_ready, self.want_changed = rt.work_ready, rt.want_changed
+        self.writer, self.loop = writer, loop
         self._cohort: set[str] = set()  # job ids of the suspect cohort running now
         self.received = 0
         self.skipped = 0
@@ -101,7 +68,7 @@ class Intake:
         next_claim = time.monotonic() + c.claim_interval / 2
         while not self._stopped():
             try:
-                want = self.want_fn()
+                want = self.loop.want()
                 if self.writer.unwritten > c.max_unwritten:
                     want = 0
                 now = time.monotonic()
@@ -172,7 +139,7 @@ class Intake:
         return time.monotonic() + 0.1
 
     def _cohort_busy(self) -> bool:
-        return self.registry.holds_any(self._cohort) or self.isolation_busy()
+        return self.registry.holds_any(self._cohort) or self.loop.isolation_busy()
 
     def _run_cohort(self, suspects: list[tuple[str, str]], want: int) -> bool:
         """Start the next cohort of suspects (``worker.queue.suspects.choose_cohort``), or
@@ -272,7 +239,7 @@ class Intake:
             self.skipped += len(skip)
             self.writer.put(AckOnly([(d.stream, d.entry_id) for d in skip]))
         if held and cohort_alone is not None:
-            self.cohort_fn(held, alone=cohort_alone)
+            self.loop.add_cohort(held, alone=cohort_alone)
         elif held:
             self.inbox.put(held)
             self.work_ready.set()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from worker.service.inflight import HeldJob
+from worker.service.held_jobs import HeldJob
 
 
 class Isolation:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from worker.engine.outputs import RequestOutput
 from worker.protocol.openai_batch import Sample, samples_of, stored_choice
-from worker.service.inflight import HeldJob
+from worker.service.held_jobs import HeldJob
 from worker.store.base import from_epoch, utcnow
 from worker.store.schemas import JobResult
 
@@ -17,17 +18,17 @@ def clean(text: str | None) -> str | None:
     return text.replace("\x00", "\ufffd") if text else text
 
 
-def finished_status(out: Any, *, cancelled: bool) -> str:
+def finished_status(out: RequestOutput, *, cancelled: bool) -> str:
     """succeeded, failed (the engine failed the request) or cancelled (asked, or aborted)."""
     if cancelled:
         return "cancelled"
-    if getattr(out, "error", None):
+    if out.error:
         return "failed"
     return "cancelled" if out.finish_reason == "abort" else "succeeded"
 
 
-def job_result(out: Any, held: HeldJob, *, status: str, tokenizer: Any) -> JobResult:
-    """The stored result of ``out`` (a finished ``RequestOutput``) for ``held``; the
+def job_result(out: RequestOutput, held: HeldJob, *, status: str, tokenizer: Any) -> JobResult:
+    """The stored result of finished ``out`` for ``held``; the
     ``tokenizer`` names logprob tokens (needed only when the request asked for logprobs)."""
     samples = [_cleaned(c) for c in samples_of(out, tokenizer)]
     m = out.metrics
@@ -38,8 +39,8 @@ def job_result(out: Any, held: HeldJob, *, status: str, tokenizer: Any) -> JobRe
         finish_reason=out.finish_reason,
         prompt_tokens=len(out.prompt_token_ids),
         completion_tokens=sum(len(c.token_ids or ()) for c in samples),
-        error=getattr(out, "error", None),
-        started_at=from_epoch(getattr(m, "first_scheduled_time", None)),
+        error=out.error,
+        started_at=from_epoch(m.first_scheduled_time),
         first_token_at=from_epoch(m.first_token_time),
         finished_at=from_epoch(m.finished_time) or utcnow(),
         first_step=m.first_step,

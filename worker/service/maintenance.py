@@ -20,20 +20,15 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
-import redis
-from sqlalchemy.orm import Session, sessionmaker
-
+from worker.jobs.republish import reconcile
 from worker.queue.cancel import cancelled_among
 from worker.queue.consumer import touch
-from worker.queue.keys import QueueKeys
-from worker.queue.reconciler import reconcile
 from worker.queue.trim import trim_streams
-from worker.service.config import WorkerConfig
-from worker.service.flags import Flags
-from worker.service.inflight import Registry
 from worker.service.naming import renew_name
+from worker.service.runtime import WorkerRuntime
 from worker.store.crud.jobs import cancel_requested_among
 from worker.store.crud.workers import heartbeat
+from worker.store.models import WorkerStatus
 
 log = logging.getLogger(__name__)
 
@@ -43,31 +38,16 @@ class Maintenance:
     the others."""
 
     def __init__(
-        self,
-        *,
-        config: WorkerConfig,
-        session_factory: sessionmaker[Session],
-        redis_client: redis.Redis,
-        keys: QueueKeys,
-        consumer: str,
-        worker_id: str,
-        lock_token: str,
-        registry: Registry,
-        flags: Flags,
-        on_cancel: Callable[[set[str]], None],
-        status_fn: Callable[[], str],
+        self, *, runtime: WorkerRuntime, lock_token: str, on_cancel: Callable[[set[str]], None]
     ) -> None:
-        self.config = config
-        self.session_factory = session_factory
-        self.redis = redis_client
-        self.keys = keys
-        self.consumer = consumer
-        self.worker_id = worker_id
-        self.lock_token = lock_token
-        self.registry = registry
-        self.flags = flags
-        self.on_cancel = on_cancel
-        self.status_fn = status_fn
+        rt = runtime
+        self.config, self.session_factory, self.redis, self.keys = (
+            rt.config, rt.session_factory, rt.redis, rt.keys
+        )
+        self.consumer, self.worker_id, self.registry, self.flags = (
+            rt.consumer, rt.worker_id, rt.registry, rt.flags
+        )
+        self.lock_token, self.on_cancel = lock_token, on_cancel
         self.stop = threading.Event()
         self.reconciled = 0
         self._threads = [
@@ -75,6 +55,11 @@ class Maintenance:
             threading.Thread(target=self._run_upkeep, name="upkeep", daemon=True),
             threading.Thread(target=self._run_reconciler, name="reconciler", daemon=True),
         ]
+
+    def _status(self) -> str:
+        """What the heartbeat reports: draining once a drain was asked, else running."""
+        draining = self.flags.draining.is_set()
+        return WorkerStatus.DRAINING.value if draining else WorkerStatus.RUNNING.value
 
     def start(self) -> None:
         """Start the threads."""
@@ -158,7 +143,7 @@ class Maintenance:
     def heartbeat(self) -> None:
         """The worker's heartbeat row in SQL."""
         with self.session_factory.begin() as session:
-            heartbeat(session=session, worker_id=self.worker_id, status=self.status_fn())
+            heartbeat(session=session, worker_id=self.worker_id, status=self._status())
 
     def _reconcile(self) -> None:
         c = self.config

@@ -13,7 +13,7 @@ from typing import Any
 
 from worker.queue.keys import QueueKeys
 from worker.queue.stream_stats import stream_stats
-from worker.service.inflight import HeldJob
+from worker.service.held_jobs import HeldJob
 from worker.store.base import from_epoch
 from worker.store.schemas import JobResult
 from worker.telemetry.job_spans import record_job_spans

@@ -19,13 +19,12 @@ from worker.service.engine_api import EngineAPI
 from worker.service.engine_health import EngineBroken
 from worker.service.engine_loop import EngineLoop
 from worker.service.flags import Flags
-from worker.service.inbox import Inbox
-from worker.service.inflight import Registry
 from worker.service.intake import Intake
 from worker.service.maintenance import Maintenance
 from worker.service.naming import acquire_name, release_name
 from worker.service.observe import JobObserver
 from worker.service.retry import retry
+from worker.service.runtime import WorkerRuntime
 from worker.service.writer import OutputWriter
 from worker.store.crud.workers import heartbeat, register_worker
 from worker.store.db import make_engine, make_session_factory
@@ -108,17 +107,18 @@ class Worker:
         retry(_register, what="register worker", stop=self.flags.draining)
         ensure_groups(redis_client=redis_client, keys=keys)
 
-        registry = Registry()
-        inbox = Inbox()
-        work_ready, want_changed = threading.Event(), threading.Event()
+        rt = WorkerRuntime(
+            config=c,
+            worker_id=worker_id,
+            consumer=consumer,
+            keys=keys,
+            redis=redis_client,
+            session_factory=session_factory,
+            flags=self.flags,
+        )
         observer = JobObserver(worker_id, redis_client=redis_client, keys=keys)
         writer = OutputWriter(
-            session_factory=session_factory,
-            redis_client=redis_client,
-            keys=keys,
-            registry=registry,
-            flags=self.flags,
-            worker_id=worker_id,
+            runtime=rt,
             observer=observer,
             trace_flush_interval=c.trace_flush_interval,
             trace_flush_rows=c.trace_flush_rows,
@@ -127,56 +127,15 @@ class Worker:
         intake: Intake | None = None
         loop = EngineLoop(
             engine=engine,
-            config=c,
+            runtime=rt,
             writer=writer,
-            flags=self.flags,
-            inbox=inbox,
-            work_ready=work_ready,
-            want_changed=want_changed,
-            worker_id=worker_id,
             on_drain=lambda: intake.join(10) if intake else None,
             observer=observer,
         )
         self.loop = loop
-        observer.attach(loop)
-        intake = Intake(
-            config=c,
-            session_factory=session_factory,
-            redis_client=redis_client,
-            keys=keys,
-            consumer=consumer,
-            worker_id=worker_id,
-            registry=registry,
-            writer=writer,
-            flags=self.flags,
-            inbox=inbox,
-            want_fn=loop.want,
-            work_ready=work_ready,
-            want_changed=want_changed,
-            cohort_fn=loop.add_cohort,
-            isolation_busy=loop.isolation_busy,
-        )
-
-        def _status() -> str:
-            return (
-                WorkerStatus.DRAINING.value
-                if self.flags.draining.is_set()
-                else WorkerStatus.RUNNING.value
-            )
-
-        maintenance = Maintenance(
-            config=c,
-            session_factory=session_factory,
-            redis_client=redis_client,
-            keys=keys,
-            consumer=consumer,
-            worker_id=worker_id,
-            lock_token=token,
-            registry=registry,
-            flags=self.flags,
-            on_cancel=loop.request_cancel,
-            status_fn=_status,
-        )
+        observer.attach(loop.counters)
+        intake = Intake(runtime=rt, writer=writer, loop=loop)
+        maintenance = Maintenance(runtime=rt, lock_token=token, on_cancel=loop.request_cancel)
         writer.start()
         maintenance.start()
         intake.start()
@@ -214,12 +173,12 @@ class Worker:
                 "claimed": intake.claimed,
                 "skipped": intake.skipped,
                 "dead_lettered": intake.dead_lettered,
-                "finished": loop.finished,
-                "failed_early": loop.failed,
+                "finished": loop.counters.finished,
+                "failed_early": loop.counters.failed,
                 "written": writer.written,
                 "handed_back": writer.handed_back,
                 "transactions": writer.transactions,
-                "steps": loop.steps,
+                "steps": loop.counters.steps,
                 "reconciled": maintenance.reconciled,
             }
             log.info("worker %s stopped: %s", worker_id, self.stats)

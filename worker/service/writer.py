@@ -14,19 +14,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-from sqlalchemy.orm import Session, sessionmaker
-
+from worker.jobs.hand_back import hand_back_jobs
 from worker.queue.cancel import clear_cancels
 from worker.queue.consumer import ack
-from worker.queue.handback import hand_back
-from worker.queue.keys import QueueKeys
-from worker.service.flags import Flags
-from worker.service.inflight import HeldJob, Registry
+from worker.service.held_jobs import HeldJob
 from worker.service.observe import JobObserver
 from worker.service.retry import is_transient, retry
+from worker.service.runtime import WorkerRuntime
 from worker.store.crud.iterations import insert_iterations
-from worker.store.crud.jobs import finish_jobs, requeue_jobs
+from worker.store.crud.jobs import finish_jobs
 from worker.store.schemas import JobResult
 
 log = logging.getLogger(__name__)
@@ -72,24 +68,17 @@ class OutputWriter:
     def __init__(
         self,
         *,
-        session_factory: sessionmaker[Session],
-        redis_client: redis.Redis,
-        keys: QueueKeys,
-        registry: Registry,
-        flags: Flags,
-        worker_id: str,
+        runtime: WorkerRuntime,
         observer: JobObserver | None = None,
         trace_flush_interval: float = 1.0,
         trace_flush_rows: int = 256,
     ) -> None:
-        self.session_factory = session_factory
-        self.redis = redis_client
-        self.keys = keys
-        self.registry = registry
-        self.flags = flags
-        self.worker_id = worker_id
+        self.session_factory, self.redis, self.keys = (
+            runtime.session_factory, runtime.redis, runtime.keys
+        )
+        self.registry, self.flags, self.worker_id = runtime.registry, runtime.flags, runtime.worker_id
         self.observer = observer if observer is not None and observer.enabled else None
-        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.closing = threading.Event()
         # ``unwritten`` is derived: ``put`` runs on several threads (engine loop, intake) and
         # counts under a lock; ``written``/``unstored`` change on the writer thread only.
@@ -119,7 +108,7 @@ class OutputWriter:
         if isinstance(item, Finished):
             with self._put_lock:
                 self._put_finished += 1
-        self.inbox.put(item)
+        self._items.put(item)
 
     # -- thread ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -136,13 +125,13 @@ class OutputWriter:
         while not self.flags.stop_now.is_set():
             items: list[Any] = []
             try:
-                items.append(self.inbox.get(timeout=0.05))
+                items.append(self._items.get(timeout=0.05))
             except queue.Empty:
                 if self.closing.is_set() and not self._rows:
                     return
             while True:
                 try:
-                    items.append(self.inbox.get_nowait())
+                    items.append(self._items.get_nowait())
                 except queue.Empty:
                     break
             rows = [i for i in items if isinstance(i, dict)]
@@ -262,21 +251,19 @@ class OutputWriter:
                     unstored.append(f)
         return unstored
 
-    def _requeue(self, job_ids: list[str], *, uncount: bool = False) -> None:
-        with self.session_factory.begin() as session:
-            requeue_jobs(
-                session=session, job_ids=job_ids, worker_id=self.worker_id, uncount=uncount
-            )
-
     def _hand_back(self, handed: list[HeldJob], *, uncount: bool) -> None:
         """Requeue in SQL (``uncount``: the attempt does not count), then re-publish."""
-        ids = [h.job_id for h in handed]
-        retry(lambda: self._requeue(ids, uncount=uncount), what="requeue", stop=self.flags.stop_now)
         retry(
-            lambda: hand_back(
-                redis_client=self.redis, keys=self.keys, deliveries=[h.delivery for h in handed]
+            lambda: hand_back_jobs(
+                session_factory=self.session_factory,
+                redis_client=self.redis,
+                keys=self.keys,
+                worker_id=self.worker_id,
+                deliveries=[h.delivery for h in handed],
+                uncount=uncount,
             ),
             what="hand back",
             stop=self.flags.stop_now,
         )
+        ids = [h.job_id for h in handed]
         self.registry.remove(ids)
