@@ -5,6 +5,7 @@ backend's ``write_kv``, ``decode_attention`` and ``prefill_attention``; nothing 
 this package knows whether Triton or pure torch runs underneath.
 """
 
-from kernels.backend import AttentionBackend, get_backend
+from kernels.attention_backend import AttentionBackend
+from kernels.backend import get_backend
 
 __all__ = ["AttentionBackend", "get_backend"]

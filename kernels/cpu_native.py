@@ -32,7 +32,7 @@ from types import ModuleType
 import torch
 
 from kernels import reference
-from kernels.backend import AttentionBackend
+from kernels.attention_backend import AttentionBackend
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCE = CSRC / "paged_attention_cpu.cpp"

@@ -6,7 +6,7 @@ imports it only when Triton is wanted, so a CPU-only install without triton stil
 
 from __future__ import annotations
 
-from kernels.backend import AttentionBackend
+from kernels.attention_backend import AttentionBackend
 from kernels.triton_decode_attention import decode_attention
 from kernels.triton_prefill_attention import prefill_attention
 from kernels.triton_write_kv import write_kv

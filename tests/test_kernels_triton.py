@@ -37,7 +37,8 @@ import pytest
 import torch
 
 from kernels import reference
-from kernels.backend import TORCH_BACKEND, get_backend
+from kernels.attention_backend import TORCH_BACKEND
+from kernels.backend import get_backend
 from tests.paged_batch import PagedBatch, cu_seqlens, make_paged_batch
 
 if importlib.util.find_spec("triton") is None:  # found, not imported: see the docstring

@@ -5,14 +5,11 @@ Rows that ask for none of them are left alone (the logits are returned as they a
 from __future__ import annotations
 
 from collections.abc import Sequence, Set
-from typing import TYPE_CHECKING
 
 import torch
 
+from worker.engine.sampling_input import SamplingInput
 from worker.protocol.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from worker.engine.sampler import SamplingInput
 
 
 def needs_penalties(params: SamplingParams) -> bool:

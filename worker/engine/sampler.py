@@ -29,26 +29,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
 from worker.engine.logit_adjust import apply_penalties_and_masks
 from worker.engine.outputs import TokenLogprob
 from worker.engine.rank_filter import NUM_CANDIDATES, rank_filter_mask
+from worker.engine.sampling_input import SamplingInput
 from worker.protocol.sampling_params import SamplingParams
 
 # Below this temperature a row is sampled greedily (dividing by it would overflow).
 GREEDY_TEMPERATURE_EPS = 1e-5
-
-
-class SamplingInput(Protocol):
-    """What the sampler reads from each sequence of the batch."""
-
-    params: SamplingParams
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    generator: torch.Generator | None  # per-request RNG when params.seed is set, else None
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
