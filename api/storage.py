@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -65,7 +64,3 @@ class Storage:
                 if not data:
                     return
                 yield data
-
-    def remove_tree(self) -> None:
-        """Delete everything (tests)."""
-        shutil.rmtree(self.root, ignore_errors=True)

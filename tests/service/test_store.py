@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from worker.store.base import utcnow
-from worker.store.crud.batches import create_batch, refresh_request_counts
-from worker.store.crud.iterations import batch_mates, insert_iterations, iterations_of_job
 from worker.store.crud.jobs import (
     cancel_job,
     count_by_status,
@@ -25,15 +22,6 @@ pytestmark = pytest.mark.services
 
 def _jobs(n: int, **kw) -> list[NewJob]:
     return [NewJob(request={"url": "/v1/completions", "body": {"prompt": f"p{i}"}}, **kw) for i in range(n)]
-
-
-def _step_row(worker: str, step: int) -> dict:
-    return dict(
-        worker_id=worker, step=step, time=utcnow(), num_running=2, num_waiting=0,
-        num_prefill_tokens=10, num_decode_tokens=2, kv_blocks_used=3, kv_blocks_total=64,
-        num_preemptions=0, num_admitted=1, num_finished=0, schedule_ms=0.1, forward_ms=1.0,
-        sample_ms=0.1,
-    )
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
@@ -67,28 +55,3 @@ def test_job_lifecycle_is_idempotent(backend: str, request: pytest.FixtureReques
     engine.dispose()
 
 
-def test_batch_mates_and_iterations(session_factory) -> None:
-    with session_factory.begin() as s:
-        a, b, c = create_jobs(session=s, jobs=_jobs(3))
-        start_jobs(session=s, job_ids=[a, b, c], worker_id="w1")
-        finish_jobs(session=s, results=[
-            JobResult(job_id=a, status="succeeded", first_step=1, last_step=5),
-            JobResult(job_id=b, status="succeeded", first_step=4, last_step=9),
-            JobResult(job_id=c, status="succeeded", first_step=6, last_step=9),
-        ], worker_id="w1")
-        insert_iterations(session=s, rows=[_step_row("w1", i) for i in range(1, 10)])
-    with session_factory() as s:
-        assert {j.id for j in batch_mates(session=s, job_id=a)} == {b}
-        assert {j.id for j in batch_mates(session=s, job_id=b)} == {a, c}
-        assert [it.step for it in iterations_of_job(session=s, job_id=a)] == [1, 2, 3, 4, 5]
-
-
-def test_batch_request_counts(session_factory) -> None:
-    with session_factory.begin() as s:
-        batch = create_batch(session=s, tenant="t", endpoint="/v1/completions")
-        ids = create_jobs(session=s, jobs=_jobs(3, batch_id=batch.id))
-        start_jobs(session=s, job_ids=ids, worker_id="w")
-        finish_jobs(session=s, results=[JobResult(job_id=ids[0], status="succeeded"),
-                                        JobResult(job_id=ids[1], status="failed", error="x")])
-        refresh_request_counts(session=s, batch=batch)
-        assert (batch.request_total, batch.request_completed, batch.request_failed) == (3, 1, 1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from worker.protocol.limits import LIMITS
@@ -158,13 +158,6 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when the output is the argmax at every step."""
         return self.temperature == 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-serializable dict that `from_dict` turns back into the same params."""
-        out = asdict(self)
-        if self.logit_bias is not None:
-            out["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
-        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:

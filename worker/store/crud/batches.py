@@ -5,10 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from worker.store.models import Batch, Job, JobStatus
+from worker.store.models import Batch
 
 
 def new_batch_id() -> str:
@@ -45,17 +44,3 @@ def create_batch(
 def get_batch(*, session: Session, batch_id: str) -> Batch | None:
     """The batch with this id, or None."""
     return session.get(Batch, batch_id)
-
-
-def refresh_request_counts(*, session: Session, batch: Batch) -> Batch:
-    """Recount total / completed / failed from the batch's jobs."""
-    rows = session.execute(
-        select(Job.status, func.count()).where(Job.batch_id == batch.id).group_by(Job.status)
-    )
-    counts = {status: n for status, n in rows}
-    batch.request_total = sum(counts.values())
-    batch.request_completed = counts.get(JobStatus.SUCCEEDED.value, 0)
-    batch.request_failed = counts.get(JobStatus.FAILED.value, 0) + counts.get(
-        JobStatus.CANCELLED.value, 0
-    )
-    return batch
