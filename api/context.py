@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.grammar_check import GrammarChecker
 from api.settings import Settings
 from api.storage import Storage
 from worker.queue.keys import QueueKeys
@@ -24,6 +25,7 @@ class Context:
     keys: QueueKeys
     storage: Storage
     read_session_factory: sessionmaker[Session] | None = None
+    grammar: GrammarChecker = field(default_factory=GrammarChecker)  # started on first use
 
     @property
     def reads(self) -> sessionmaker[Session]:
@@ -31,9 +33,15 @@ class Context:
         return self.read_session_factory or self.session_factory
 
     def close(self) -> None:
-        """Release the connection pools."""
+        """Release the connection pools and stop the grammar helper."""
         self.engine.dispose()
         self.redis.close()
+        self.grammar.close()
+
+    def check_structured(self, spec: dict[str, object] | None) -> None:
+        """400 unless the grammar library compiles the constraint (see grammar_check)."""
+        if self.settings.grammar_check:
+            self.grammar.check(spec)
 
 
 def make_context(settings: Settings) -> Context:

@@ -67,6 +67,7 @@ class Settings:
     # addresses are refused unless their host is named here (exact host names or IPs).
     webhook_allow_hosts: tuple[str, ...] = ()
     webhook_total_timeout: float = 10.0  # one delivery, connect to last byte
+    grammar_check: bool = True  # compile structured-output constraints at submission
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -103,6 +104,7 @@ class Settings:
                 if h.strip()
             ),
             webhook_total_timeout=_env_float("INFLIGHT_WEBHOOK_TOTAL_TIMEOUT", 10.0),
+            grammar_check=_env_bool("INFLIGHT_GRAMMAR_CHECK", True),
         )
         for name, value in overrides.items():
             if value is not None:

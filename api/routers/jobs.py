@@ -92,6 +92,7 @@ def create_job(
         max_tokens_limit=ctx.settings.max_tokens_limit,
         max_model_len=ctx.settings.max_model_len,
     )
+    ctx.check_structured(req.params.structured)
     if payload.custom_id is not None:
         check_id(payload.custom_id, param="custom_id")
     if idempotency_key is not None:

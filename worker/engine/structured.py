@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 from worker.protocol.sampling_params import InvalidRequestError
 
 CACHE_SIZE = 256  # compiled grammars kept, by spec
+_LIBRARY_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
 
 
 class Grammar:
@@ -67,24 +69,45 @@ class Grammars:
     @functools.lru_cache(maxsize=CACHE_SIZE)  # noqa: B019 (one engine, one cache)
     def _compiled(self, key: str) -> Any:
         spec = json.loads(key)
-        kind = spec["type"]
-        param = {"regex": "guided_regex", "choice": "guided_choice"}.get(kind, "response_format")
-        compiler = self._compiler
+        grammar = grammar_of(spec)
         try:
-            if kind == "json_schema":
-                return compiler.compile_json_schema(json.dumps(spec["schema"]), any_whitespace=False)
-            if kind == "json_object":
-                return compiler.compile_builtin_json_grammar()
-            if kind == "regex":
-                return compiler.compile_regex(spec["pattern"])
-            if kind == "choice":
-                return compiler.compile_regex("|".join(_literal(c) for c in spec["choices"]))
+            return self._compiler.compile_grammar(grammar)
         except (RuntimeError, ValueError) as exc:
-            raise InvalidRequestError(
-                f"{param}: the grammar library cannot compile it: {str(exc).splitlines()[0]}",
-                param=param,
-            ) from None
-        raise InvalidRequestError(f"unknown structured output type {kind!r}", param=param)
+            raise _refused(spec, exc) from None
+
+
+def grammar_of(spec: dict[str, Any]) -> Any:
+    """The xgrammar ``Grammar`` of a normalized constraint (no tokenizer needed: what the
+    API's submission check builds too); InvalidRequestError with the library's reason
+    when it cannot be built."""
+    import xgrammar as xgr
+
+    kind = spec.get("type")
+    try:
+        if kind == "json_schema":
+            return xgr.Grammar.from_json_schema(json.dumps(spec["schema"]), any_whitespace=False)
+        if kind == "json_object":
+            return xgr.Grammar.builtin_json_grammar()
+        if kind == "regex":
+            return xgr.Grammar.from_regex(spec["pattern"])
+        if kind == "choice":
+            return xgr.Grammar.from_regex("|".join(_literal(c) for c in spec["choices"]))
+    except (RuntimeError, ValueError) as exc:
+        raise _refused(spec, exc) from None
+    raise InvalidRequestError(f"unknown structured output type {kind!r}", param=_param(spec))
+
+
+def _param(spec: dict[str, Any]) -> str:
+    return {"regex": "guided_regex", "choice": "guided_choice"}.get(
+        str(spec.get("type")), "response_format")
+
+
+def _refused(spec: dict[str, Any], exc: Exception) -> InvalidRequestError:
+    param = _param(spec)
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    reason = _LIBRARY_PREFIX.sub("", reason)  # "[hh:mm:ss] source.cc:94: " of its log lines
+    return InvalidRequestError(
+        f"{param}: the grammar library cannot compile it: {reason}", param=param)
 
 
 def apply_masks(logits: torch.Tensor, rows: list[tuple[int, Grammar]]) -> None:

@@ -10,8 +10,9 @@ Accepted, on both endpoints, at most one of:
 
 Normalized to one ``SamplingParams.structured`` dict: ``{"type": "json_schema", "schema"}``,
 ``{"type": "json_object"}``, ``{"type": "regex", "pattern"}`` or ``{"type": "choice",
-"choices"}``. Whether a schema or pattern compiles is the engine's grammar library's call
-(``worker.engine.structured``): a request it refuses fails alone with the library's reason.
+"choices"}``. Whether a schema or pattern compiles is the grammar library's call
+(``worker.engine.structured``): the API asks it at submission (``api/grammar_check.py``)
+and answers 400 with its reason; a request that reaches a worker anyway fails alone.
 """
 
 from __future__ import annotations
