@@ -101,10 +101,10 @@ def quick_text(env: ApiEnv, job_id: str) -> str:
 
 
 def test_dataset_batch_with_samples_logprobs_and_schemas(env: ApiEnv, running_worker, tmp_path: Path) -> None:
-    """A batch mixing n, logprobs and JSON-schema lines goes through the REST API, a worker
-    and finalize: the output file has every sample, logprobs in the OpenAI shape, and only
-    schema-valid JSON where a schema was asked; a schema the grammar library refuses fails
-    its line alone, into the error file."""
+    """A batch mixing n, logprobs, prompt logprobs and JSON-schema lines goes through the
+    REST API, a worker and finalize: the output file has every sample, logprobs in the
+    OpenAI shape, prompt scores, and only schema-valid JSON where a schema was asked; a
+    pattern the grammar library refuses is refused at expansion, into the error file."""
     import json
 
     from api.client import Client
@@ -124,13 +124,14 @@ def test_dataset_batch_with_samples_logprobs_and_schemas(env: ApiEnv, running_wo
              line("logprobs", logprobs=True, top_logprobs=3, temperature=0),
              line("schema", response_format=fmt, n=2, temperature=1.0, seed=5, logprobs=True,
                   max_tokens=96),
-             line("bad-regex", guided_regex="(unclosed")]
+             line("bad-regex", guided_regex="(unclosed"),
+             line("scored", prompt_logprobs=2, max_tokens=1, temperature=0)]
     path = tmp_path / "mixed.jsonl"
     path.write_bytes(jsonl(lines))
     with ThreadedServer(env.app) as url, Client(url, api_key=env.key("t-mixed")) as client:
         batch = client.submit_batch(path, endpoint="/v1/chat/completions")
         done = client.wait_batch(batch["id"], timeout=180, poll=0.3)
-        assert done["request_counts"] == {"total": 5, "completed": 4, "failed": 1}, done
+        assert done["request_counts"] == {"total": 6, "completed": 5, "failed": 1}, done
         out = {o["custom_id"]: o["response"]["body"] for o in client.download(done)}
         errors = client.download(done, errors=True)
     assert [len(out[c]["choices"]) for c in ("plain", "samples", "logprobs", "schema")] == [1, 4, 1, 2]
@@ -145,5 +146,10 @@ def test_dataset_batch_with_samples_logprobs_and_schemas(env: ApiEnv, running_wo
         assert set(value) == {"label", "score"} and value["label"] in ("pos", "neg")
         assert 0 <= value["score"] <= 5 and choice["finish_reason"] == "stop"
         assert choice["logprobs"]["content"]
-    (error,) = errors
+    (error,) = errors  # refused at expansion: the library's reason, not a failed job
     assert error["custom_id"] == "bad-regex" and "cannot compile" in json.dumps(error)
+    assert error["response"]["status_code"] == 400
+    scores = out["scored"]["prompt_logprobs"]  # on the chat response, as vLLM puts them
+    assert len(scores) == out["scored"]["usage"]["prompt_tokens"] and scores[0] is None
+    assert all(e["rank"] >= 1 and e["logprob"] <= 0 for entry in scores[1:]
+               for e in entry.values())

@@ -17,6 +17,7 @@ from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineArgs
 from worker.engine.model_runner import ModelRunner
 from worker.engine.outputs import RequestOutput, StepStats
+from worker.engine.prompt_logprobs import record_prompt_logprobs
 from worker.engine.request_tracker import RequestTracker
 from worker.engine.request_validation import RequestLimits, new_sequence, tokenize
 from worker.engine.sampler import Sampler
@@ -152,6 +153,8 @@ class LLMEngine:
         if self.swapper is not None:
             self.swapper.apply()  # swapped KV out to the host and back, before the forward
         logits = self.runner.execute(plan) if not plan.is_empty else None
+        if logits is not None and plan.logits_rows.prompt_rows:
+            record_prompt_logprobs(plan, logits)
         t2 = time.perf_counter()
         self.tracker.note_scheduled(plan, self.step_index, start)
         sampled: list[SampledTokens] = []

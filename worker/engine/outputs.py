@@ -25,6 +25,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: dict[int, float] = field(default_factory=dict)
+    rank: int | None = None  # 1 + how many tokens were likelier (prompt logprobs only)
 
 
 @dataclass
@@ -45,6 +46,8 @@ class RequestOutput:
     error: str | None = None
     index: int = 0  # which of the request's n samples this is
     samples: list[RequestOutput] = field(default_factory=list)  # all n samples, when n > 1
+    # per prompt token when asked (prompt_logprobs): None for the first, which has no context
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass

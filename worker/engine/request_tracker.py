@@ -108,6 +108,7 @@ class RequestTracker:
                 max_tokens=leader.max_tokens, group_id=leader.request_id, sample_index=k,
             )
             child.grammar = leader.grammar.fresh() if leader.grammar is not None else None
+            child.prompt_logprobs = None  # the request's prompt is scored once, by its leader
             scheduler.block_manager.fork(leader, child)
             child.num_computed_tokens = s.start + s.num_real_tokens  # the leader's, after this step
             scheduler.add_running(child)
@@ -180,4 +181,5 @@ class RequestTracker:
             new_token_ids=new_tokens,
             logprobs=seq.logprobs,
             stop_reason=seq.stop_reason,
+            prompt_logprobs=seq.prompt_logprobs,
         )

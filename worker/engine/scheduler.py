@@ -214,7 +214,9 @@ class Scheduler:
                 if self._preempt_lower_priority(seq, out):
                     continue
                 return "slots"
-            hits = bm.match_prefix(seq) if seq.num_computed_tokens == 0 and not seq.block_table else []
+            # a prompt to score is computed whole: cached blocks would skip its rows
+            fresh = seq.num_computed_tokens == 0 and not seq.block_table
+            hits = bm.match_prefix(seq) if fresh and seq.prompt_logprobs is None else []
             computed = len(hits) * bm.block_size if hits else seq.num_computed_tokens
             remaining = seq.num_tokens - computed
             # Without chunked prefill a prompt waits for a step with room for all of it.

@@ -46,6 +46,8 @@ class Sequence:
     num_hashed_blocks: int = 0  # full blocks already published to the prefix cache
     block_hash: int | None = None  # hash chain value of the last published block
     logprobs: list[TokenLogprob] | None = None
+    # prompt_logprobs asked: one entry per prompt position scored so far (the first: None)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     text: str | None = None  # final text, set once at finish
@@ -60,6 +62,8 @@ class Sequence:
         self.token_ids = list(self.prompt_token_ids)
         if self.params.logprobs is not None:
             self.logprobs = []
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]
 
     @property
     def num_tokens(self) -> int:

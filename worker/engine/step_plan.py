@@ -56,6 +56,18 @@ class ScheduledSequence:
         return self.num_new_tokens - self.num_draft_tokens
 
     @property
+    def prompt_logprob_positions(self) -> range:
+        """Positions of this step's rows whose next token is a prompt token not yet scored,
+        when the request asks for prompt logprobs (empty otherwise). A recompute after
+        preemption skips the positions scored before."""
+        scored = self.seq.prompt_logprobs
+        if scored is None or self.is_pad:
+            return range(0)
+        first = max(self.start, len(scored) - 1)
+        last = min(self.start + self.num_real_tokens, self.seq.num_prompt_tokens - 1)
+        return range(first, max(first, last))
+
+    @property
     def num_logits_rows(self) -> int:
         """Logits rows this sequence needs: one per draft plus one, when it samples."""
         return 1 + self.num_draft_tokens if self.samples else 0
@@ -72,6 +84,8 @@ class LogitsRows:
 
     token_indices: list[int]  # per logits row: its row in the packed batch
     owners: list[tuple[ScheduledSequence, int]]  # per sampling sequence: its first logits row
+    # per sequence scoring its prompt: its first logits row and the positions they score
+    prompt_rows: list[tuple[ScheduledSequence, int, range]] = field(default_factory=list)
 
 
 @dataclass
@@ -89,13 +103,18 @@ class SchedulerOutput:
         """The logits-row layout of the step (computed here only; read once planned)."""
         token_indices: list[int] = []
         owners: list[tuple[ScheduledSequence, int]] = []
+        prompt_rows: list[tuple[ScheduledSequence, int, range]] = []
         end = 0
         for s in self.scheduled:
-            end += s.num_new_tokens
+            begin, end = end, end + s.num_new_tokens
+            positions = s.prompt_logprob_positions  # rows before the sampled one, if any
+            if positions:
+                prompt_rows.append((s, len(token_indices), positions))
+                token_indices.extend(begin + p - s.start for p in positions)
             if s.samples:
                 owners.append((s, len(token_indices)))
                 token_indices.extend(range(end - s.num_logits_rows, end))
-        return LogitsRows(token_indices, owners)
+        return LogitsRows(token_indices, owners, prompt_rows)
 
     @property
     def num_decode_tokens(self) -> int:

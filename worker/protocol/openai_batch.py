@@ -79,7 +79,7 @@ _SAMPLING_FIELDS = frozenset({
     "frequency_penalty", "logprobs",
     # vLLM extras
     "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
-    "skip_special_tokens", "logit_bias",
+    "skip_special_tokens", "logit_bias", "prompt_logprobs",
 })
 # Accepted and kept with the stored request: ``metadata`` and ``user`` are validated and
 # returned on the job object; ``model`` names the response; ``stream`` must be false.
@@ -93,7 +93,7 @@ _ALLOWED = {
 }
 _BATCH_LINE_KEYS = frozenset({"custom_id", "method", "url", "body"})
 _INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed", "top_k", "min_tokens",
-               "top_logprobs")
+               "top_logprobs", "prompt_logprobs")
 _BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "stream")
 _COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 

@@ -40,6 +40,9 @@ class Sample:
     logprobs: list[LogprobInfo] | None = None
     token_ids: list[int] | None = None
     stop_reason: str | int | None = None
+    # the request's prompt scores (sample 0 only), vLLM's shape: None for the first prompt
+    # token, then {token id: {"logprob", "rank", "decoded_token"}} per prompt token
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
 
 
 def samples_of(out: Any, tokenizer: Any) -> list[Sample]:
@@ -56,9 +59,27 @@ def samples_of(out: Any, tokenizer: Any) -> list[Sample]:
         return [LogprobInfo(token=decode([lp.token_id]), logprob=lp.logprob,
                             top=[(decode([t]), v) for t, v in lp.top.items()]) for lp in entries]
 
-    return [Sample(text=o.text, finish_reason=o.finish_reason, logprobs=logprobs(o.logprobs),
-                        token_ids=list(o.token_ids), stop_reason=getattr(o, "stop_reason", None))
-            for o in (getattr(out, "samples", None) or [out])]
+    def prompt_scores(entries: list[Any] | None) -> list[dict[str, dict[str, Any]] | None] | None:
+        if entries is None:
+            return None
+        if tokenizer is None:
+            raise ValueError("prompt logprobs need a tokenizer to name their tokens")
+        decode = tokenizer.decode
+
+        def scored(lp: Any) -> dict[str, dict[str, Any]]:
+            out = {str(lp.token_id): {"logprob": lp.logprob, "rank": lp.rank,
+                                      "decoded_token": decode([lp.token_id])}}
+            for i, (t, v) in enumerate(lp.top.items()):  # the prompt token first, as vLLM
+                out.setdefault(str(t), {"logprob": v, "rank": i + 1, "decoded_token": decode([t])})
+            return out
+
+        return [None if lp is None else scored(lp) for lp in entries]
+
+    samples = [Sample(text=o.text, finish_reason=o.finish_reason, logprobs=logprobs(o.logprobs),
+                      token_ids=list(o.token_ids), stop_reason=getattr(o, "stop_reason", None))
+               for o in (getattr(out, "samples", None) or [out])]
+    samples[0].prompt_logprobs = prompt_scores(getattr(out, "prompt_logprobs", None))
+    return samples
 
 
 def stored_choice(sample: Sample) -> dict[str, Any]:
@@ -69,8 +90,12 @@ def stored_choice(sample: Sample) -> dict[str, Any]:
         else [{"token": lp.token, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
               for lp in sample.logprobs]
     )
-    return {"text": sample.text, "finish_reason": sample.finish_reason,
-            "stop_reason": sample.stop_reason, "token_ids": sample.token_ids, "logprobs": logprobs}
+    stored: dict[str, Any] = {"text": sample.text, "finish_reason": sample.finish_reason,
+              "stop_reason": sample.stop_reason, "token_ids": sample.token_ids,
+              "logprobs": logprobs}
+    if sample.prompt_logprobs is not None:
+        stored["prompt_logprobs"] = sample.prompt_logprobs
+    return stored
 
 
 def choice_from_stored(stored: dict[str, Any]) -> Sample:
@@ -85,6 +110,7 @@ def choice_from_stored(stored: dict[str, Any]) -> Sample:
             for lp in logprobs],
         token_ids=stored.get("token_ids"),
         stop_reason=stored.get("stop_reason"),
+        prompt_logprobs=stored.get("prompt_logprobs"),
     )
 
 
@@ -102,14 +128,19 @@ def build_response_body(
     """The ``chat.completion`` (``is_chat``) or ``text_completion`` object of one finished
     request with its ``choices`` (every sample; ``completion_tokens`` counts all of them).
     Each choice's logprobs are included, in the endpoint's own format, only when the request
-    asked for them (``with_logprobs``). Needs no parsed request: the job store serves its
-    stored result through it as is."""
+    asked for them (``with_logprobs``). Prompt scores, when asked, go where vLLM puts them:
+    on the chat response, on each completion choice. Needs no parsed request: the job store
+    serves its stored result through it as is."""
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
              "total_tokens": prompt_tokens + completion_tokens}
     bodies = [_choice(is_chat, with_logprobs, i, c) for i, c in enumerate(choices)]
+    scores = choices[0].prompt_logprobs if choices else None
     if is_chat:
-        return {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": created,
+        body = {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": created,
                 "model": model, "choices": bodies, "usage": usage}
+        return body if scores is None else {**body, "prompt_logprobs": scores}
+    if scores is not None:
+        bodies = [{**b, "prompt_logprobs": scores} for b in bodies]
     return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": created,
             "model": model, "choices": bodies, "usage": usage}
 

@@ -37,6 +37,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    # score the prompt: per prompt token (after the first) its logprob and rank, plus this
+    # many top alternatives (vLLM's prompt_logprobs); None: not asked
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     # output constraint, normalized (worker.protocol.structured_output): json_schema,
@@ -98,8 +101,10 @@ class SamplingParams:
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= lim.seed_max):
             raise bad("seed", f"must be an integer in [0, {lim.seed_max}]")
         self._validate_stops()
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
-            raise bad("logprobs", "must be an integer in [0, 20]")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= 20):
+                raise bad(name, "must be an integer in [0, 20]")
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "must be true or false")
