@@ -6,6 +6,9 @@
 2. JSON-schema constrained generation against free generation on the same prompts:
    generated tokens per second, and the share of constrained outputs that parse and
    validate against the schema.
+3. What one constrained request costs its free batch-mates: 16 free requests against 15
+   free plus 1 constrained (all 64 tokens), mean time of a full step, next to the time
+   the step spent on the mask (filling it, applying it, advancing the matcher).
 
     .venv/bin/python benchmarks/dataset_features.py [--model smollm2-135m] [--prompts 16]
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,6 +31,7 @@ from benchmarks.make_chat_workload import read_turns
 from worker.engine.llm_engine import LLMEngine
 from worker.protocol.sampling_params import SamplingParams
 
+ROUNDS = 5  # of the mixed-batch comparison
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -69,8 +74,51 @@ def run(engine: LLMEngine, requests: list[tuple[str, list[int], SamplingParams]]
             "prefill_tokens": prefill, "outputs": done}
 
 
+def full_steps(engine: LLMEngine, requests: list[tuple[str, list[int], SamplingParams]],
+               rows: int) -> float:
+    """Mean seconds of the decode steps that ran all ``rows`` sequences."""
+    for rid, ids, params in requests:
+        engine.add_request(rid, ids, params)
+    times = []
+    while engine.has_unfinished_requests():
+        t0 = time.perf_counter()
+        _, stats = engine.step()
+        if stats.num_decode_tokens == rows and not stats.num_prefill_tokens:
+            times.append(time.perf_counter() - t0)
+    return sum(times) / len(times)
+
+
+class MaskClock:
+    """Time spent on structured output inside steps: the masks and the matchers."""
+
+    def __init__(self) -> None:
+        import worker.engine.step_sampling as sampling
+        from worker.engine.structured import Grammar
+
+        self.seconds, self.steps = 0.0, 0  # steps: mask applications
+        self._restore = [(sampling, "apply_masks", sampling.apply_masks),
+                         (Grammar, "accept", Grammar.accept)]
+        for owner, name, fn in self._restore:
+            setattr(owner, name, self._timed(fn))
+
+    def _timed(self, fn: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+                # a step with constrained rows: apply_masks(logits, rows) with rows given
+                self.steps += fn.__name__ == "apply_masks" and bool(args[1])
+        return timed
+
+    def close(self) -> None:
+        for owner, name, fn in self._restore:
+            setattr(owner, name, fn)
+
+
 def main() -> None:
-    """Print both comparisons as markdown tables."""
+    """Print the three comparisons as markdown tables."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--prompts", type=int, default=16)
@@ -107,6 +155,34 @@ def main() -> None:
     for name, r in (("free", free), ("JSON-schema constrained", constrained)):
         valid = sum(_valid(o.text) for o in r["outputs"].values())
         print(f"| {name} | {r['tok_s']:.1f} | {r['wall_s']:.1f} | {valid}/{len(r['outputs'])} |")
+
+    # 3. a constrained row among free ones: its pattern allows no end before 64 tokens
+    long = SamplingParams(temperature=0, max_tokens=64)
+    only_free = [(f"f-{i}", x, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
+                 for i, x in enumerate(ids[:16])]
+    regex = {"type": "regex", "pattern": "[a-z ]{300,400}"}
+    mixed = [*only_free[:15], ("g-15", ids[15 % len(ids)],
+                               SamplingParams(**{**vars(long), "structured": regex}))]
+    full_steps(engine, only_free[:2], 2)  # warm
+    free_steps, mixed_steps = [], []
+    clock = MaskClock()
+    for r in range(ROUNDS):  # interleaved: drift of the machine hits both alike
+        free_steps.append(full_steps(engine, [(f"r{r}{q}", x, p) for q, x, p in only_free], 16))
+        mixed_steps.append(full_steps(engine, [(f"r{r}{q}", x, p) for q, x, p in mixed], 16))
+    clock.close()
+    free_step, mixed_step = statistics.median(free_steps), statistics.median(mixed_steps)
+    per_step = clock.seconds / max(1, clock.steps)  # one mask and one advance per step
+    print(f"\n| 16 rows per decode step (median of {ROUNDS} interleaved runs) | mean step ms "
+          "(range) | of which structured output ms |")
+    print("|---|---|---|")
+    def spread(xs: list[float]) -> str:
+        return f"{min(xs) * 1e3:.2f}-{max(xs) * 1e3:.2f}"
+
+    print(f"| 16 free | {free_step * 1e3:.2f} ({spread(free_steps)}) | - |")
+    print(f"| 15 free + 1 regex-constrained | {mixed_step * 1e3:.2f} ({spread(mixed_steps)}) "
+          f"| {per_step * 1e3:.2f} |")
+    print(f"step time added: {(mixed_step - free_step) * 1e3:.2f} ms against "
+          f"{per_step * 1e3:.2f} ms spent on the mask and matcher")
 
 
 if __name__ == "__main__":

@@ -122,3 +122,13 @@ def test_prompt_logprobs_is_a_bounded_body_field_on_both_endpoints() -> None:
         with pytest.raises(RequestParseError) as err:
             parse_request_body({"prompt": "x", "prompt_logprobs": bad}, endpoint="/v1/completions")
         assert err.value.param == "prompt_logprobs"
+
+
+def test_openai_fields_we_do_not_serve_are_refused_with_what_to_ask_instead() -> None:
+    from worker.protocol.openai_batch import RequestParseError
+
+    for name, value in (("best_of", 4), ("echo", True), ("suffix", "x")):
+        with pytest.raises(RequestParseError) as err:
+            parse_request_body({"prompt": "x", name: value}, endpoint="/v1/completions")
+        assert err.value.param == name and err.value.code == "unsupported_field"
+        assert "not supported" in str(err.value)

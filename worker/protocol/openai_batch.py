@@ -91,6 +91,12 @@ _ALLOWED = {
     CHAT_ENDPOINT: _SAMPLING_FIELDS | _IGNORED_FIELDS | _CHAT_ONLY | STRUCTURED_FIELDS,
     COMPLETIONS_ENDPOINT: _SAMPLING_FIELDS | _IGNORED_FIELDS | _COMPLETIONS_ONLY | STRUCTURED_FIELDS,
 }
+# OpenAI fields this service refuses, and what to ask instead
+_UNSUPPORTED = {
+    "best_of": "ask for n samples with logprobs and keep the best (vLLM V1 dropped it too)",
+    "echo": "the prompt is in the request; prompt_logprobs scores it",
+    "suffix": "insertion is not supported by the served models",
+}
 _BATCH_LINE_KEYS = frozenset({"custom_id", "method", "url", "body"})
 _INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed", "top_k", "min_tokens",
                "top_logprobs", "prompt_logprobs")
@@ -267,6 +273,9 @@ def _check_fields(body: dict[str, Any], endpoint: str) -> None:
                 hint += "; use max_tokens"
             raise RequestParseError(f"field {name!r} is not allowed for {endpoint}: {hint}",
                                     param=name, code="unknown_field")
+        if name in _UNSUPPORTED:
+            raise RequestParseError(f"{name} is not supported: {_UNSUPPORTED[name]}",
+                                    param=name, code="unsupported_field")
         raise RequestParseError(f"unknown field {name!r} for {endpoint}", param=name,
                                 code="unknown_field")
 
