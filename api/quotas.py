@@ -1,11 +1,10 @@
 """Per-tenant quotas: queued jobs, jobs per minute, open batches, stored bytes. Over a
 quota the request is answered 429 with ``Retry-After``; a quota of 0 is off.
 
-The queued-jobs quota is exact: the count runs inside the transaction that inserts the
-job, under a per-tenant lock (``check_queued_jobs``), so concurrent submissions of one
-tenant cannot pass it together. Open batches and stored bytes are read just before their
-write (a soft limit: concurrent requests can pass by the number in flight); the per-minute
-rate is a Redis counter per tenant and minute, exact."""
+The queued-jobs, open-batches and stored-bytes quotas are exact: each count runs inside the
+transaction that writes what it limits, under a per-tenant lock (PostgreSQL's advisory
+lock; SQLite serializes writers), so concurrent requests of one tenant cannot pass it
+together. The per-minute rate is a Redis counter per tenant and minute, exact."""
 
 from __future__ import annotations
 
@@ -63,23 +62,25 @@ def check_job_quotas(ctx: Context, tenant: str) -> None:
             raise _over("jobs submitted this minute", s.quota_jobs_per_minute, retry)
 
 
-def check_batch_quota(ctx: Context, tenant: str) -> None:
-    """Before a batch is created: the tenant's batches not yet ended."""
+def check_batch_quota(ctx: Context, session: Session, tenant: str) -> None:
+    """Inside the transaction that creates a batch: take the tenant's lock, then refuse
+    (429) if its batches not yet ended are at the quota."""
     limit = ctx.settings.quota_open_batches
     if not limit:
         return
-    with ctx.reads() as session:
-        n = open_batches(session=session, tenant=tenant)
+    lock_tenant(session=session, tenant=tenant)
+    n = open_batches(session=session, tenant=tenant)
     if n >= limit:
         raise _over(f"{n} batches open", limit, 60)
 
 
-def check_storage_quota(ctx: Context, tenant: str, adding: int) -> None:
-    """Before a file of ``adding`` bytes is kept: the tenant's stored bytes."""
+def check_storage_quota(ctx: Context, session: Session, tenant: str, adding: int) -> None:
+    """Inside the transaction that records a file of ``adding`` bytes: take the tenant's
+    lock, then refuse (429) if its stored bytes would pass the quota."""
     limit = ctx.settings.quota_stored_bytes
     if not limit:
         return
-    with ctx.reads() as session:
-        used = stored_bytes(session=session, tenant=tenant)
+    lock_tenant(session=session, tenant=tenant)
+    used = stored_bytes(session=session, tenant=tenant)
     if used + adding > limit:
         raise _over(f"{used} bytes stored, {adding} more asked", limit, 3600, param="file")

@@ -9,7 +9,9 @@ from fastapi.responses import StreamingResponse
 
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, known_id, not_found
+from api.openapi_links import links_to
 from api.quotas import check_storage_quota
+from api.schemas import FileObject
 from api.storage import FileTooLarge
 from api.views import file_view
 from worker.store.crud.files import create_file, get_file, list_files, new_file_id
@@ -17,11 +19,16 @@ from worker.store.crud.files import create_file, get_file, list_files, new_file_
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
 
-@router.post("")
+@router.post(
+    "",
+    operation_id="uploadFile",
+    responses={200: {"description": "the stored file", "model": FileObject,
+                     "links": links_to("file_id", "getFile", "getFileContent")}},
+)
 def upload(
     *,
     file: Annotated[UploadFile, File()],
-    purpose: Annotated[str, Form()],
+    purpose: Annotated[str, Form(json_schema_extra={"enum": ["batch"]})],
     ctx: CtxDep,
     tenant: TenantDep,
 ) -> dict[str, Any]:
@@ -43,26 +50,26 @@ def upload(
     if size == 0:
         path.unlink(missing_ok=True)
         raise ApiError(400, "the file is empty", code="empty_file", param="file")
-    try:
-        check_storage_quota(ctx, tenant, size)
-    except ApiError:
-        path.unlink(missing_ok=True)
-        raise
     name = _safe_filename(file.filename)
-    with ctx.session_factory.begin() as session:
-        row = create_file(
-            session=session,
-            file_id=file_id,
-            tenant=tenant,
-            purpose=purpose,
-            filename=name,
-            size=size,
-            path=str(path),
-        )
+    try:
+        with ctx.session_factory.begin() as session:
+            check_storage_quota(ctx, session, tenant, size)  # 429, exact under the tenant's lock
+            row = create_file(
+                session=session,
+                file_id=file_id,
+                tenant=tenant,
+                purpose=purpose,
+                filename=name,
+                size=size,
+                path=str(path),
+            )
+    except Exception:
+        path.unlink(missing_ok=True)  # refused or not recorded: keep no orphan bytes
+        raise
     return file_view(row)
 
 
-@router.get("")
+@router.get("", operation_id="listFiles")
 def list_all(
     *, limit: int = Query(100, ge=1, le=1000), ctx: CtxDep, tenant: TenantDep
 ) -> dict[str, Any]:
@@ -72,7 +79,7 @@ def list_all(
     return {"object": "list", "data": [file_view(r) for r in rows]}
 
 
-@router.get("/{file_id}")
+@router.get("/{file_id}", operation_id="getFile")
 def get_one(*, file_id: str, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
     """A file's metadata."""
     known_id("file", file_id)
@@ -85,6 +92,7 @@ def get_one(*, file_id: str, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
 
 @router.get(
     "/{file_id}/content",
+    operation_id="getFileContent",
     response_class=StreamingResponse,
     responses={200: {"content": {"application/jsonl": {}}}},
 )

@@ -189,3 +189,36 @@ def test_the_queued_jobs_quota_holds_under_concurrent_submissions(make_env) -> N
                               range(12)))
     assert sorted(codes) == [201] * 3 + [429] * 9, codes
     assert len(env.client.get("/v1/jobs", headers=h).json()["data"]) == 3
+
+
+def test_open_batch_and_stored_bytes_quotas_hold_under_concurrent_requests(make_env) -> None:
+    """Like the queued-jobs quota, the open-batches and stored-bytes counts run under the
+    tenant's lock in the transaction that writes what they limit: twelve at once against a
+    quota of three admit exactly three, and a refused upload leaves no bytes behind."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = jsonl(batch_lines(2))
+    env = make_env(quota_open_batches=3, quota_stored_bytes=3 * len(body))
+    h = env.auth("tenant-race-2")
+
+    def upload(_: int) -> int:
+        files = {"file": ("in.jsonl", body, "application/jsonl")}
+        return env.client.post("/v1/files", files=files, data={"purpose": "batch"},
+                               headers=h).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(upload, range(12)))
+    assert sorted(codes) == [200] * 3 + [429] * 9, codes
+    stored = env.client.get("/v1/files", headers=h).json()["data"]
+    assert len(stored) == 3
+    on_disk = [p for p in env.ctx.storage.root.rglob("*") if p.is_file()]
+    assert len(on_disk) == 3, on_disk  # the refused uploads' bytes were removed
+
+    file_id = stored[0]["id"]
+    batch = {"input_file_id": file_id, "endpoint": "/v1/completions"}
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(
+            lambda _: env.client.post("/v1/batches", json=batch, headers=h).status_code,
+            range(12)))
+    assert sorted(codes) == [200] * 3 + [429] * 9, codes
+    assert len(env.client.get("/v1/batches", headers=h).json()["data"]) == 3
