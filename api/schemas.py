@@ -62,3 +62,34 @@ JOB_META_FIELDS = frozenset(JobCreate.model_fields)
 def openai_body(payload: JobCreate) -> dict[str, Any]:
     """The OpenAI body of a job submission: every field that is not a job field."""
     return dict(payload.model_extra or {})
+
+
+# What the creates answer, as documented in the OpenAPI schema (the views build the full
+# objects): enough for clients and stateful fuzzing to follow the links by ``id``.
+class JobObject(BaseModel):
+    """A job as ``POST /v1/jobs`` answers it (``GET /v1/jobs/{job_id}`` has the rest)."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    object: Literal["job"] = "job"
+    status: str
+
+
+class FileObject(BaseModel):
+    """A stored file as ``POST /v1/files`` answers it."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    purpose: str
+
+
+class BatchObject(BaseModel):
+    """A batch as ``POST /v1/batches`` answers it."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    object: Literal["batch"] = "batch"
+    status: str
+    input_file_id: str

@@ -12,9 +12,10 @@ from api.context import Context
 from api.control.celery_app import send
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, known_id, not_found
+from api.openapi_links import links_to
 from api.ownership import owned_batch
 from api.quotas import check_batch_quota
-from api.schemas import BatchCreate
+from api.schemas import BatchCreate, BatchObject
 from api.views import batch_view
 from worker.store.base import utcnow
 from worker.store.crud.batch_admin import get_progress, list_batches
@@ -48,15 +49,20 @@ def _live_view(ctx: Context, batch: Batch) -> tuple[dict[str, Any], bool]:
     return batch_view(batch, live), ready and batch.status != "validating"
 
 
-@router.post("")
+@router.post(
+    "",
+    operation_id="createBatch",
+    responses={200: {"description": "the batch, validating", "model": BatchObject,
+                     "links": links_to("batch_id", "getBatch", "cancelBatch")}},
+)
 def create(
     *, payload: BatchCreate, request: Request, ctx: CtxDep, tenant: TenantDep
 ) -> dict[str, Any]:
     """Create a batch from an uploaded JSONL file. Answers ``validating`` at once; its lines
     become jobs in the background (resumed after a crash by the control plane's beat)."""
     admit_or_refuse(ctx, "batch")  # 429/503 before anything is written or counted
-    check_batch_quota(ctx, tenant)  # 429 over the tenant's quota
     with ctx.session_factory.begin() as session:
+        check_batch_quota(ctx, session, tenant)  # 429, exact under the tenant's lock
         known_id("file", payload.input_file_id, param="input_file_id")
         f = get_file(session=session, file_id=payload.input_file_id, tenant=tenant)
         if f is None:
@@ -84,7 +90,7 @@ def create(
     return _live_view(ctx, _owned(ctx, tenant, batch_id))[0]
 
 
-@router.get("/{batch_id}")
+@router.get("/{batch_id}", operation_id="getBatch")
 def get_one(*, batch_id: str, request: Request, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
     """A batch with its status and request counts (finalized here if it just finished)."""
     view, ready = _live_view(ctx, _owned(ctx, tenant, batch_id))
@@ -94,7 +100,7 @@ def get_one(*, batch_id: str, request: Request, ctx: CtxDep, tenant: TenantDep) 
     return view
 
 
-@router.post("/{batch_id}/cancel")
+@router.post("/{batch_id}/cancel", operation_id="cancelBatch")
 def cancel(*, batch_id: str, request: Request, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
     """Cancel a batch: ``cancelling`` now, ``cancelled`` once its running jobs stopped."""
     from api.control.maintenance import mark_cancelling
@@ -103,6 +109,9 @@ def cancel(*, batch_id: str, request: Request, ctx: CtxDep, tenant: TenantDep) -
     if batch.status in ("cancelling", "cancelled"):
         return _live_view(ctx, batch)[0]
     if not mark_cancelling(ctx, batch_id=batch_id):
+        batch = _owned(ctx, tenant, batch_id)  # it moved since it was read: say where to
+        if batch.status in ("cancelling", "cancelled"):
+            return _live_view(ctx, batch)[0]
         raise ApiError(
             400,
             f"batch {batch_id!r} is {batch.status}; only a validating or "
@@ -113,7 +122,7 @@ def cancel(*, batch_id: str, request: Request, ctx: CtxDep, tenant: TenantDep) -
     return _live_view(ctx, _owned(ctx, tenant, batch_id))[0]
 
 
-@router.get("")
+@router.get("", operation_id="listBatches")
 def list_all(
     *,
     limit: int = Query(20, ge=1, le=100),

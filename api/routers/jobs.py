@@ -16,9 +16,10 @@ from api.control.destinations import DestinationRefused, resolve
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, known_id, not_found
 from api.limits import check_request_limits
+from api.openapi_links import links_to
 from api.ownership import owned_batch
 from api.quotas import check_job_quotas, check_queued_jobs
-from api.schemas import JobCreate, openai_body
+from api.schemas import JobCreate, JobObject, openai_body
 from api.views import job_view
 from worker.jobs.cancel import request_cancel
 from worker.jobs.enqueue import NotPublished, enqueuing
@@ -74,7 +75,16 @@ def _replay(ctx: Context, tenant: str, key: str, body_hash: str) -> JSONResponse
     )
 
 
-@router.post("", status_code=201, responses={200: {"description": "idempotent replay"}})
+@router.post(
+    "",
+    status_code=201,
+    operation_id="createJob",
+    responses={
+        200: {"description": "idempotent replay"},
+        201: {"description": "the job, queued", "model": JobObject,
+              "links": links_to("job_id", "getJob", "cancelJob")},
+    },
+)
 def create_job(
     *,
     payload: JobCreate,
@@ -159,7 +169,7 @@ def create_job(
     return JSONResponse(_view(ctx, _owned_job(ctx, tenant, job.id)), status_code=201)
 
 
-@router.get("/{job_id}")
+@router.get("/{job_id}", operation_id="getJob")
 def get_one(*, job_id: str, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
     """A job: status, timeline, result (the OpenAI response body) and usage."""
     known_id("job", job_id)
@@ -170,7 +180,7 @@ def get_one(*, job_id: str, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
     return job_view(found[0], model_name=ctx.settings.model_name, meta=found[1])
 
 
-@router.get("")
+@router.get("", operation_id="listJobs")
 def list_all(
     *,
     status: JobStatusName | None = None,
@@ -202,7 +212,7 @@ def list_all(
     }
 
 
-@router.delete("/{job_id}")
+@router.delete("/{job_id}", operation_id="cancelJob")
 def cancel(*, job_id: str, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
     """Cancel a job: a queued one ends at once; a running one is aborted by its worker
     between engine steps (its KV blocks freed) and ends ``cancelled``."""

@@ -45,3 +45,31 @@ def test_no_server_errors(env: ApiEnv) -> None:
         run()
     assert len(statuses) > 100 and any(200 <= s < 300 for s in statuses)
     print(sorted({s: statuses.count(s) for s in statuses}.items()))
+
+
+def test_the_creates_document_links_to_what_reads_what_they_created(env: ApiEnv) -> None:
+    """The OpenAPI document links each create to the reads and the cancel of its object
+    (``$response.body#/id``), and schemathesis resolves every link."""
+    schema = schemathesis.openapi.from_asgi("/openapi.json", env.app)
+    doc = env.client.get("/openapi.json").json()
+    links = {
+        (path, method): set(resp.get("links", {}))
+        for path, item in doc["paths"].items()
+        for method, op in item.items()
+        for resp in op.get("responses", {}).values()
+        if resp.get("links")
+    }
+    assert links == {
+        ("/v1/jobs", "post"): {"getJob", "cancelJob"},
+        ("/v1/files", "post"): {"getFile", "getFileContent"},
+        ("/v1/batches", "post"): {"getBatch", "cancelBatch"},
+    }
+    from schemathesis.specs.openapi.stateful import collect_transitions
+
+    operations = [r.ok() for r in schema.get_all_operations()]
+    transitions = collect_transitions(operations)
+    followed = {link.full_name.split(" -> ")[-1] for op in transitions.operations.values()
+                for link in op.outgoing}
+    assert followed == {"GET /v1/jobs/{job_id}", "DELETE /v1/jobs/{job_id}",
+                        "GET /v1/files/{file_id}", "GET /v1/files/{file_id}/content",
+                        "GET /v1/batches/{batch_id}", "POST /v1/batches/{batch_id}/cancel"}
