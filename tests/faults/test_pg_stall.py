@@ -3,11 +3,13 @@ runs: the worker cut off from PostgreSQL (its queries hang: a partition, not a r
 keeps its held entries touched from a Redis-only thread, so the other worker never takes
 them over; after the outage every job has one result and one attempt.
 
-The issue's 90 s outage is scaled down: what matters is outage > claim idle time (4 s
-here), and the outage lasts three times that."""
+In CI the outage is scaled down to 12 s: what matters is outage > claim idle time (4 s
+here), and it lasts three times that. ``make faults`` runs the issue's full 90 s
+(``INFLIGHT_FAULT_PG_OUTAGE_S``)."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -22,7 +24,7 @@ from worker.queue.group import ensure_groups
 pytestmark = pytest.mark.services
 
 N_JOBS = 60
-OUTAGE_S = 12.0  # three times the claim idle time (4 s)
+OUTAGE_S = float(os.environ.get("INFLIGHT_FAULT_PG_OUTAGE_S", "12"))  # CI: 3 x claim idle
 FLAGS = ["--attention-backend", "torch", "--max-num-seqs", "4", "--claim-idle-ms", "4000"]
 
 

@@ -1,7 +1,12 @@
 """Cancellation: recorded in SQL (a queued job ends at once; a running one keeps its
-request in the jobs row), then signalled to the running job's worker through Redis."""
+request in the jobs row), then signalled to the running job's worker through Redis.
+
+The record is the cancel: a signal Redis cannot take (down, restarted) is logged and
+dropped, and the worker's periodic read of recorded cancels stops the job anyway."""
 
 from __future__ import annotations
+
+import logging
 
 import redis
 from sqlalchemy.orm import Session, sessionmaker
@@ -9,6 +14,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from worker.queue.cancel import flag_cancel
 from worker.queue.keys import QueueKeys
 from worker.store.crud.jobs import cancel_job
+
+log = logging.getLogger(__name__)
 
 
 def request_cancel(
@@ -24,5 +31,9 @@ def request_cancel(
     with session_factory.begin() as session:
         status = cancel_job(session=session, job_id=job_id)
     if status == "running":
-        flag_cancel(redis_client=redis_client, keys=keys, job_id=job_id)
+        try:
+            flag_cancel(redis_client=redis_client, keys=keys, job_id=job_id)
+        except redis.RedisError as exc:
+            log.warning("cancel of %s recorded; its worker reads it without the signal: %s",
+                        job_id, exc)
     return status
