@@ -17,8 +17,8 @@ from worker.queue.dead_letter import over_limit
 from worker.queue.group import ensure_groups
 from worker.queue.message import JobMessage, MessageError
 from worker.queue.trim import trim_streams
-from worker.store.crud.jobs import get_job, start_jobs
-from worker.store.schemas import NewJob
+from worker.store.crud.jobs import create_jobs, finish_jobs, get_job, start_jobs
+from worker.store.schemas import JobResult, NewJob
 
 pytestmark = pytest.mark.services
 
@@ -160,6 +160,73 @@ def test_reconciler_republishes_after_flush(session_factory, redis_client, keys)
     assert {d.message.attempt for d in again if d.job_id == got[0].job_id} == {1}
     # once published they are present: a second pass does nothing
     assert reconcile(session_factory=session_factory, redis_client=redis_client, keys=keys, grace=timedelta(0)) == []
+
+
+def test_the_reconciler_asks_the_carried_index_and_reads_no_stream(
+    session_factory, redis_client, keys, monkeypatch
+) -> None:
+    """Once built, the index answers which open jobs a stream carries: acks and dead
+    letters drop their job's field, hand-backs move it; the reconciler re-publishes
+    exactly the jobs without one, reading no stream beyond its first entry."""
+    from worker.queue.carried import carried_among, ensure_index
+    from worker.queue.handback import hand_back
+
+    ensure_groups(redis_client=redis_client, keys=keys)
+    assert ensure_index(redis_client=redis_client, keys=keys) == 0  # empty streams: ready
+    ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys,
+                  jobs=_new(5))
+    with session_factory.begin() as s:  # a producer that died between commit and XADD
+        (lost,) = create_jobs(session=s, jobs=_new(1))
+    assert carried_among(redis_client=redis_client, keys=keys, job_ids=[*ids, lost]) == set(ids)
+    got = read_new(redis_client=redis_client, keys=keys, consumer="c", count=5)
+    by_id = {d.job_id: d for d in got}
+    done, dead, moved = ids[0], ids[1], ids[2]
+    with session_factory.begin() as s:
+        start_jobs(session=s, job_ids=[done, moved], worker_id="gone")
+        finish_jobs(session=s, results=[JobResult(job_id=done, status="succeeded")],
+                    worker_id="gone")
+    d = by_id[done]
+    ack(redis_client=redis_client, keys=keys, entries=[(d.stream, d.entry_id, done)])
+    dead_letter(redis_client=redis_client, session_factory=session_factory, keys=keys,
+                deliveries=[by_id[dead]], reason="test")
+    hand_back(redis_client=redis_client, keys=keys, deliveries=[by_id[moved]])
+    assert carried_among(redis_client=redis_client, keys=keys, job_ids=ids) == set(ids) - {
+        done, dead}
+    # a duplicate delivery acked beside the live entry leaves the live one's field
+    ack(redis_client=redis_client, keys=keys, entries=[(d.stream, "0-1", moved)])
+    assert moved in carried_among(redis_client=redis_client, keys=keys, job_ids=[moved])
+
+    xrange = type(redis_client).xrange
+
+    def heads_only(self, name, min="-", max="+", count=None):
+        assert count == 1, "the reconciler read a stream beyond its first entry"
+        return xrange(self, name, min=min, max=max, count=count)
+
+    monkeypatch.setattr(type(redis_client), "xrange", heads_only)
+    back = reconcile(session_factory=session_factory, redis_client=redis_client, keys=keys,
+                     grace=timedelta(0))
+    assert back == [lost]  # done and dead ended; moved and the untouched two are carried
+    monkeypatch.undo()
+    assert lost in carried_among(redis_client=redis_client, keys=keys, job_ids=[lost])
+
+
+def test_the_carried_index_is_rebuilt_from_the_streams_when_missing(
+    session_factory, redis_client, keys
+) -> None:
+    """Built from what the streams hold when the index or its marker is gone (an upgrade,
+    an eviction): unacked entries only."""
+    from worker.queue.carried import carried_among, ensure_index
+
+    ensure_groups(redis_client=redis_client, keys=keys)
+    ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys,
+                  jobs=_new(5))
+    got = read_new(redis_client=redis_client, keys=keys, consumer="c", count=2)
+    redis_client.xack(got[0].stream, keys.group, got[0].entry_id)  # an old worker's plain ack
+    redis_client.delete(keys.carried, keys.carried_ready)
+    assert ensure_index(redis_client=redis_client, keys=keys) == 4
+    assert carried_among(redis_client=redis_client, keys=keys, job_ids=ids) == set(ids) - {
+        got[0].job_id}
+    assert ensure_index(redis_client=redis_client, keys=keys) == 0  # ready: not again
 
 
 def test_consumer_name_lock_renews_only_for_its_holder(redis_client, keys) -> None:

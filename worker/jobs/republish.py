@@ -3,6 +3,10 @@
 That happens when Redis restarted without persistence (or was flushed), or when a
 producer's publish failed after its commit (:class:`worker.jobs.enqueue.NotPublished`).
 Jobs that a live worker is running are left alone: that worker still writes their results.
+
+Incremental: SQL gives the open jobs' ids (no request bodies), Redis the carried ones by
+id (``worker.queue.carried``: no stream is read, except once to build that index after
+Redis lost its data); only the bodies of the missing jobs are loaded and published.
 """
 
 from __future__ import annotations
@@ -14,12 +18,12 @@ from datetime import timedelta
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
+from worker.queue.carried import carried_among, ensure_index
 from worker.queue.group import ensure_groups
 from worker.queue.keys import QueueKeys
 from worker.queue.lock import RenewableLock
 from worker.queue.message import JobMessage
 from worker.queue.producer import publish
-from worker.queue.stream_scan import job_ids_in_streams
 from worker.store.base import utcnow
 from worker.store.crud.jobs import open_job_heads, open_jobs_with_ids
 from worker.store.crud.workers import live_worker_ids
@@ -64,7 +68,10 @@ def reconcile(
         if not candidates:
             return []
         lock.renew()
-        present = job_ids_in_streams(redis_client=redis_client, keys=keys)
+        rebuilt = ensure_index(redis_client=redis_client, keys=keys)
+        if rebuilt:
+            log.info("carried-jobs index built from the streams: %d entries", rebuilt)
+        present = carried_among(redis_client=redis_client, keys=keys, job_ids=candidates)
         absent = [j for j in candidates if j not in present]
         if not absent:
             return []

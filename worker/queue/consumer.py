@@ -7,7 +7,9 @@ from typing import Any, cast
 
 import redis
 
+from worker.queue.carried import forget
 from worker.queue.delivery import Delivery
+from worker.queue.entry_ids import id_key
 from worker.queue.group import ensure_groups, is_nogroup
 from worker.queue.keys import QueueKeys
 from worker.queue.message import JobMessage, MessageError
@@ -144,24 +146,28 @@ def _fill_delivery_counts(
             start = "(" + rows[-1]["message_id"]
 
 
-def id_key(entry_id: str) -> tuple[int, int]:
-    """Sort key of a stream entry id (``ms-seq``), compared as numbers."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def ack(*, redis_client: redis.Redis, keys: QueueKeys, entries: Iterable[tuple[str, str]]) -> int:
-    """XACK ``(stream, entry_id)`` pairs in one pipeline, dropping any evidence kept on them
-    (their run ended); returns how many were pending."""
+def ack(
+    *,
+    redis_client: redis.Redis,
+    keys: QueueKeys,
+    entries: Iterable[tuple[str, str] | tuple[str, str, str | None]],
+) -> int:
+    """XACK ``(stream, entry_id[, job_id])`` entries in one pipeline, dropping any evidence
+    kept on them (their run ended) and, given the job id, the entry as its job's carrier;
+    returns how many were pending."""
     by_stream: dict[str, list[str]] = {}
-    for stream, entry_id in entries:
+    owned: list[tuple[str, str, str | None]] = []
+    for entry in entries:
+        stream, entry_id = entry[0], entry[1]
         by_stream.setdefault(stream, []).append(entry_id)
+        owned.append((stream, entry_id, entry[2] if len(entry) > 2 else None))
     if not by_stream:
         return 0
     pipe = redis_client.pipeline(transaction=False)
     for stream, ids in by_stream.items():
         pipe.xack(stream, keys.group, *ids)
     pipe.hdel(keys.suspects, *(field_of(s, e) for s, ids in by_stream.items() for e in ids))
+    forget(redis_client, pipe, keys, owned)
     replies = pipe.execute(raise_on_error=False)[: len(by_stream)]
     return sum(int(n) for n in replies if isinstance(n, int))
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import redis
 
+from worker.queue.carried import forget
 from worker.queue.delivery import Delivery
 from worker.queue.keys import QueueKeys
 from worker.queue.suspects import field_of
@@ -26,7 +27,8 @@ def move_to_dead(
     evidence: Mapping[tuple[str, str], str],
 ) -> None:
     """Copy each entry (with why it died) to the dead-letter stream, ack it and drop its
-    suspect record, all in one Redis transaction: a retry never writes a dead entry twice."""
+    suspect record and its carrier field, all in one Redis transaction: a retry never
+    writes a dead entry twice."""
     pipe = redis_client.pipeline(transaction=True)
     for d in deliveries:
         fields = dict(d.fields or {})
@@ -42,4 +44,5 @@ def move_to_dead(
         pipe.xadd(keys.dead, fields)  # type: ignore[arg-type]
         pipe.xack(d.stream, keys.group, d.entry_id)
         pipe.hdel(keys.suspects, field_of(d.stream, d.entry_id))
+    forget(redis_client, pipe, keys, [(d.stream, d.entry_id, d.job_id) for d in deliveries])
     pipe.execute()

@@ -14,12 +14,16 @@ from worker.queue.delivery import Delivery
 from worker.queue.keys import QueueKeys
 from worker.queue.suspects import field_of
 
-# Ack the old entry and, only if it was still pending, add its copy: running this again
-# after a lost reply neither adds a second copy nor loses the entry.
+# Ack the old entry and, only if it was still pending, add its copy and name the copy as
+# its job's carrier: running this again after a lost reply neither adds a second copy nor
+# loses the entry.
 _HAND_BACK = """
 local n = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 if n == 1 then
-  redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+  local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 4))
+  if ARGV[3] ~= '' then
+    redis.call('HSET', KEYS[2], ARGV[3], KEYS[1] .. '|' .. id)
+  end
 end
 return n
 """
@@ -33,6 +37,7 @@ def hand_back(*, redis_client: redis.Redis, keys: QueueKeys, deliveries: Sequenc
     pipe = redis_client.pipeline(transaction=False)
     for d in deliveries:
         flat = [x for kv in (d.fields or {}).items() for x in kv]
-        script(keys=[d.stream], args=[keys.group, d.entry_id, *flat], client=pipe)
+        script(keys=[d.stream, keys.carried], args=[keys.group, d.entry_id, d.job_id or "", *flat],
+               client=pipe)
     pipe.hdel(keys.suspects, *(field_of(d.stream, d.entry_id) for d in deliveries))
     return sum(int(n) for n in pipe.execute()[: len(deliveries)])

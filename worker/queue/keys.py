@@ -41,6 +41,16 @@ class QueueKeys:
         return f"{self.prefix}:cancels"
 
     @property
+    def carried(self) -> str:
+        """Hash job id -> the stream entry carrying it (see ``worker.queue.carried``)."""
+        return f"{self.prefix}:carried"
+
+    @property
+    def carried_ready(self) -> str:
+        """Set once ``carried`` was built from the streams: from then on it is complete."""
+        return f"{self.prefix}:carried:ready"
+
+    @property
     def reconcile_lock(self) -> str:
         """Lock so only one reconciler runs at a time."""
         return f"{self.prefix}:lock:reconcile"

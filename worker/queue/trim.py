@@ -6,7 +6,7 @@ from typing import Any, cast
 
 import redis
 
-from worker.queue.consumer import id_key
+from worker.queue.entry_ids import id_key
 from worker.queue.keys import QueueKeys
 
 

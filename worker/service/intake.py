@@ -237,7 +237,7 @@ class Intake:
         skip += [h.delivery for h in ended]
         if skip:
             self.skipped += len(skip)
-            self.writer.put(AckOnly([(d.stream, d.entry_id) for d in skip]))
+            self.writer.put(AckOnly([(d.stream, d.entry_id, d.job_id) for d in skip]))
         if held and cohort_alone is not None:
             self.loop.add_cohort(held, alone=cohort_alone)
         elif held:

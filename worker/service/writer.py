@@ -59,7 +59,7 @@ class HandBack:
 class AckOnly:
     """Entries to ack without writing (a redelivered job that had already ended)."""
 
-    entries: list[tuple[str, str]]
+    entries: list[tuple[str, str, str | None]]  # stream, entry id, job id
 
 
 class OutputWriter:
@@ -179,7 +179,7 @@ class OutputWriter:
             self.written += len(finished)
             self.transactions += 1
             held = [f.held for f in finished if f.held is not None]
-            acks += [(h.stream, h.entry_id) for h in held]
+            acks += [(h.stream, h.entry_id, h.job_id) for h in held]
         if releases:
             self._hand_back(releases, uncount=False)
         if handed:

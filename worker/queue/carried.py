@@ -1,0 +1,124 @@
+"""Which stream entry carries each job: the hash ``<prefix>:carried``, job id ->
+``"<stream>|<entry id>"``, so the reconciler finds jobs that no stream carries by asking
+for their ids, without reading the streams.
+
+The index moves with the entries, in the same Redis scripts and pipelines that move them:
+publishing and handing back set the job's field to its new entry; acking and
+dead-lettering an entry remove the field only when it still names that entry (a
+duplicate delivery acked beside the live one leaves the live one's field alone). An entry
+left in a stream after its ack (until trimmed) is not in the index, which is what
+"carried" means: a job whose only entry was acked needs no worker.
+
+The index is complete only once built from the streams (``ensure_index``), which happens
+once per Redis data set: on the first reconcile, and again after Redis lost its data or
+the marker key (``carried_ready``) was evicted. A stream key lost alone (evicted under a
+``maxmemory`` policy that evicts any key) leaves fields naming entries older than what the
+stream holds now; those are read as not carried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, cast
+
+import redis
+
+from worker.queue.entry_ids import id_key
+from worker.queue.keys import QueueKeys
+
+PAGE = 1000
+
+# Delete the job's field only while it still names this entry.
+FORGET = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+
+def ref(stream: str, entry_id: str) -> str:
+    """The index value naming one entry."""
+    return f"{stream}|{entry_id}"
+
+
+def forget(
+    redis_client: redis.Redis, pipe: Any, keys: QueueKeys,
+    entries: Iterable[tuple[str, str, str | None]],
+) -> None:
+    """Queue on ``pipe`` the removal of each ``(stream, entry id, job id)`` from the index
+    (entries without a job id are skipped)."""
+    script = cast(Any, redis_client).register_script(FORGET)
+    for stream, entry_id, job_id in entries:
+        if job_id:
+            script(keys=[keys.carried], args=[job_id, ref(stream, entry_id)], client=pipe)
+
+
+def carried_among(*, redis_client: redis.Redis, keys: QueueKeys, job_ids: list[str]) -> set[str]:
+    """Which of ``job_ids`` a stream entry carries (the index must be ready). A field whose
+    entry is older than its stream's first entry names an entry that is gone with its
+    stream (a stream key evicted, or deleted and created again): that job is not carried."""
+    client = cast(Any, redis_client)
+    first: dict[str, tuple[int, int] | None] = {}
+    for stream in keys.streams:
+        head = client.xrange(stream, min="-", max="+", count=1)
+        first[stream] = id_key(head[0][0]) if head else None
+    present: set[str] = set()
+    for lo in range(0, len(job_ids), PAGE):
+        page = job_ids[lo : lo + PAGE]
+        for job_id, value in zip(page, client.hmget(keys.carried, page), strict=True):
+            if not value:
+                continue
+            stream, _, entry_id = value.partition("|")
+            oldest = first.get(stream)
+            if oldest is not None and id_key(entry_id) >= oldest:
+                present.add(job_id)
+    return present
+
+
+def ensure_index(*, redis_client: redis.Redis, keys: QueueKeys) -> int:
+    """Build the index from the streams unless it is marked ready; returns how many entries
+    the build added (0 when it was ready). Only entries not yet acked are indexed."""
+    client = cast(Any, redis_client)
+    if client.exists(keys.carried_ready):
+        return 0
+    added = 0
+    for stream in keys.streams:
+        unacked = _unacked_filter(client, stream, keys.group)
+        start = "-"
+        while True:
+            entries = client.xrange(stream, min=start, max="+", count=PAGE)
+            fields = {
+                f["job_id"]: ref(stream, eid)
+                for eid, f in entries
+                if f and f.get("job_id") and unacked(eid)
+            }
+            if fields:
+                client.hset(keys.carried, mapping=fields)
+                added += len(fields)
+            if len(entries) < PAGE:
+                break
+            start = "(" + entries[-1][0]
+    client.set(keys.carried_ready, "1")
+    return added
+
+
+def _unacked_filter(client: Any, stream: str, group: str) -> Any:
+    """A test for one entry id: pending, or not yet delivered to the group."""
+    try:
+        groups = client.xinfo_groups(stream)
+    except redis.ResponseError:  # no stream or no group: nothing was delivered or acked
+        return lambda _eid: True
+    mine = [g for g in groups if g["name"] == group]
+    if not mine:
+        return lambda _eid: True
+    last = id_key(str(mine[0]["last-delivered-id"]))
+    pending: set[str] = set()
+    start = "-"
+    while True:
+        rows = client.xpending_range(stream, group, min=start, max="+", count=PAGE)
+        pending.update(str(r["message_id"]) for r in rows)
+        if len(rows) < PAGE:
+            break
+        start = "(" + str(rows[-1]["message_id"])
+    return lambda eid: id_key(eid) > last or eid in pending
