@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import time
 
 import psycopg
 import pytest
@@ -112,3 +113,105 @@ def _status(session_factory, job_id: str) -> str | None:
 def _all_ids(pg_url: str) -> set[str]:
     with psycopg.connect(pg_url) as conn:
         return {r[0] for r in conn.execute("SELECT id FROM jobs").fetchall()}
+
+
+N_LINES = 1500
+
+
+def test_redis_restarted_while_a_batch_expands(migrated_pg, tmp_path) -> None:
+    """The API (control plane in-process) expands a 1,500-line batch in chunks of 25 while
+    Redis is shut down without saving and started empty again; a worker runs what comes.
+    Chunks committed while Redis is down are published by the reconciler; the batch
+    completes with every line exactly once in its output file."""
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from api.context import make_context
+    from api.settings import Settings
+    from tests.api.conftest import batch_lines, jsonl
+    from worker.store.crud.api_keys import create_api_key
+
+    with psycopg.connect(migrated_pg, autocommit=True) as conn:
+        conn.execute(wf.AUDIT_SQL)
+    port = _free_port()
+    server = _redis_server(port, tmp_path)
+    url = f"redis://127.0.0.1:{port}/0"
+    settings = Settings(database_url=migrated_pg, redis_url=url, prefix="restart-batch",
+                        storage_dir=str(tmp_path / "files"), beat_interval=0, expand_chunk=25)
+    ctx = make_context(settings)
+    with ctx.session_factory.begin() as s:
+        _, key = create_api_key(session=s, tenant="t-restart")
+    h = {"Authorization": f"Bearer {key}"}
+    worker = start_worker(db_url=migrated_pg, redis_url=url, prefix=settings.prefix,
+                          name="rb", log_path=tmp_path / "w.log")
+    try:
+        with TestClient(create_app(settings, ctx=ctx)) as client:
+            up = client.post("/v1/files", headers=h, data={"purpose": "batch"},
+                             files={"file": ("in.jsonl", jsonl(batch_lines(N_LINES, max_tokens=2)),
+                                             "application/jsonl")})
+            assert up.status_code == 200, up.text
+            batch = client.post("/v1/batches", headers=h, json={
+                "input_file_id": up.json()["id"], "endpoint": "/v1/completions"}).json()
+            redis.Redis(port=port).shutdown(nosave=True)  # while it expands
+            server.wait(20)
+            server = _redis_server(port, tmp_path)
+            deadline = time.monotonic() + 240
+            while True:
+                view = client.get(f"/v1/batches/{batch['id']}", headers=h).json()
+                if view["status"] in ("completed", "failed", "expired", "cancelled"):
+                    break
+                assert time.monotonic() < deadline, (
+                    f"batch stuck: {view}; jobs {wf._counts(ctx.session_factory)}; worker log: "
+                    f"{_log_tail(tmp_path / 'w.log')}")
+                time.sleep(0.5)
+            assert view["status"] == "completed", view
+            assert view["request_counts"] == {"total": N_LINES, "completed": N_LINES,
+                                              "failed": 0}, view
+            out = client.get(f"/v1/files/{view['output_file_id']}/content", headers=h)
+            ids = [json.loads(line)["custom_id"] for line in out.text.splitlines()]
+        assert sorted(ids) == sorted(f"r-{i}" for i in range(N_LINES))  # each line once
+    finally:
+        assert wf._stop(worker) == 0
+        ctx.close()
+        server.terminate()
+        server.wait(20)
+    wf._assert_each_result_written_once(migrated_pg, N_LINES)
+
+
+def _log_tail(path) -> str:
+    """The worker log's lines that are not traceback frames (its story, not its stacks)."""
+    lines = [x for x in path.read_text().splitlines() if not x.startswith((" ", "Traceback"))]
+    (path.parent / "worker-story.log").write_text("\n".join(lines))
+    return "\n".join(lines[-40:])
+
+
+def test_a_worker_started_while_redis_is_down_waits_for_it(
+    migrated_pg, session_factory, tmp_path
+) -> None:
+    """Redis not answering when a worker starts (a restart, a deploy in the wrong order)
+    is waited out: the worker takes its name and its groups once Redis is back."""
+    port = _free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    keys = QueueKeys(prefix="late-redis")
+    log = tmp_path / "w.log"
+    worker = start_worker(db_url=migrated_pg, redis_url=url, prefix=keys.prefix, name="late",
+                          log_path=log)
+    server = None
+    try:
+        wait_for(lambda: "take a consumer name failed" in log.read_text(), timeout=120,
+                 what="the worker to find Redis away")
+        assert worker.poll() is None, "the worker exited instead of waiting for Redis"
+        server = _redis_server(port, tmp_path)
+        client = redis.Redis.from_url(url, decode_responses=True)
+        ids = enqueue(session_factory=session_factory, redis_client=client, keys=keys,
+                      jobs=prompt_jobs(5, max_tokens=4))
+        wait_for(lambda: wf._done(session_factory, len(ids)), timeout=120,
+                 what="the jobs to run once Redis is up")
+        assert wf._counts(session_factory) == {"succeeded": 5}
+    finally:
+        assert wf._stop(worker) == 0
+        if server is not None:
+            server.terminate()
+            server.wait(20)

@@ -11,6 +11,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import redis
+
 from worker.queue.connection import make_redis
 from worker.queue.group import ensure_groups
 from worker.queue.keys import QueueKeys
@@ -81,15 +83,21 @@ class Worker:
         session_factory = make_session_factory(engine=db)
         redis_client = make_redis(url=c.redis_url)
         keys = QueueKeys(prefix=c.prefix, group=c.group)
-        try:
-            consumer, token = acquire_name(
-                redis_client=redis_client,
-                keys=keys,
-                name=c.name,
-                ttl_s=c.lock_ttl,
+        try:  # Redis may be down (or restarting) as the worker starts: wait for it
+            consumer, token = retry(
+                lambda: acquire_name(
+                    redis_client=redis_client,
+                    keys=keys,
+                    name=c.name,
+                    ttl_s=c.lock_ttl,
+                    stop=self.flags.draining,
+                ),
+                what="take a consumer name",
                 stop=self.flags.draining,
             )
-        except InterruptedError:
+        except (InterruptedError, redis.RedisError):
+            if not self.flags.draining.is_set():
+                raise
             return 1 if self.flags.stop_now.is_set() else 0
         worker_id = f"{consumer}-{uuid.uuid4().hex[:8]}"
         log.info("worker %s (consumer %s) starting", worker_id, consumer)
@@ -105,7 +113,8 @@ class Worker:
                 )
 
         retry(_register, what="register worker", stop=self.flags.draining)
-        ensure_groups(redis_client=redis_client, keys=keys)
+        retry(lambda: ensure_groups(redis_client=redis_client, keys=keys),
+              what="create the consumer groups", stop=self.flags.draining)
 
         rt = WorkerRuntime(
             config=c,
