@@ -95,9 +95,10 @@ def test_redis_restarted_without_its_data_mid_run(migrated_pg, session_factory, 
             assert (get_job(session=s, job_id=long_id).completion_tokens or 0) < LONG
         assert worker.poll() is None, "the worker died with Redis"
     finally:
-        assert wf._stop(worker) == 0
-        server.terminate()
+        code = wf._stop(worker)
+        server.terminate()  # before any assertion: a failed run leaves no server behind
         server.wait(20)
+    assert code == 0
     log = (tmp_path / "w.log").read_text()
     assert "reconciler re-published" in log
     wf._assert_each_result_written_once(migrated_pg, total)
@@ -173,10 +174,11 @@ def test_redis_restarted_while_a_batch_expands(migrated_pg, tmp_path) -> None:
             ids = [json.loads(line)["custom_id"] for line in out.text.splitlines()]
         assert sorted(ids) == sorted(f"r-{i}" for i in range(N_LINES))  # each line once
     finally:
-        assert wf._stop(worker) == 0
+        code = wf._stop(worker)
         ctx.close()
         server.terminate()
         server.wait(20)
+    assert code == 0
     wf._assert_each_result_written_once(migrated_pg, N_LINES)
 
 
@@ -211,7 +213,8 @@ def test_a_worker_started_while_redis_is_down_waits_for_it(
                  what="the jobs to run once Redis is up")
         assert wf._counts(session_factory) == {"succeeded": 5}
     finally:
-        assert wf._stop(worker) == 0
+        code = wf._stop(worker)
         if server is not None:
             server.terminate()
             server.wait(20)
+    assert code == 0
