@@ -14,6 +14,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from worker.service.loop_counters import LoopCounters
 from worker.telemetry import setup
 from worker.telemetry.enqueue_spans import ENQUEUE_SPAN, EnqueuedJob, enqueue_spans
 from worker.telemetry.job_spans import record_job_spans
@@ -216,7 +217,7 @@ def test_worker_metrics_read_the_loop_and_record_jobs() -> None:
     wm = m.worker_metrics()
     assert wm is not None and m.worker_metrics() is wm
     stats = SimpleNamespace(num_running=3, num_waiting=2, kv_blocks_used=5, kv_blocks_total=20)
-    loop = SimpleNamespace(
+    loop = LoopCounters(  # what a worker attaches: every metric reads a field of it
         last_stats=stats, steps=9, generated_tokens=40, preemptions_total=1,
         cached_prompt_tokens=32, computed_prompt_tokens=96, isolated_runs=4,
     )  # fmt: skip

@@ -77,5 +77,6 @@ def test_one_bad_job_among_many_is_bisected_out(migrated_pg, session_factory, re
     # bisection: about two groups per halving, not one run per suspect
     assert w.loop is not None
     halvings = math.ceil(math.log2(len(isolated) + 1))
-    assert w.loop.isolated_runs <= 2 * halvings, (w.loop.isolated_runs, len(isolated))
-    assert w.loop.isolated_runs < len(isolated)
+    runs = w.loop.counters.isolated_runs
+    assert runs <= 2 * halvings, (runs, len(isolated))
+    assert runs < len(isolated)

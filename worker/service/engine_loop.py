@@ -77,18 +77,13 @@ class EngineLoop:
             if alone:
                 self.isolation.queue(held)
             else:
-                self.isolation.runs += 1
+                self.counters.isolated_runs += 1
                 self.inbox.put(held)
         self.work_ready.set()
 
     def isolation_busy(self) -> bool:
         """True while a group waits to run alone or runs alone."""
         return self.isolation.busy()
-
-    @property
-    def isolated_runs(self) -> int:
-        """Groups run alone plus suspect cohorts run beside the batch (a metric)."""
-        return self.isolation.runs
 
     def request_cancel(self, job_ids: set[str]) -> None:
         """Ask for these jobs to be aborted between steps."""
@@ -149,6 +144,7 @@ class EngineLoop:
             )
         if not group:
             return
+        self.counters.isolated_runs += 1
         log.info("running %d suspect job(s) alone: %s", len(group), [h.job_id for h in group])
         for held in group:
             self._add(held)

@@ -15,13 +15,12 @@ from worker.service.held_jobs import HeldJob
 
 
 class Isolation:
-    """The waiting groups, the running one and a count of runs (a metric). Not locked:
-    the engine loop guards it with its own lock."""
+    """The waiting groups and the running one. Not locked: the engine loop guards it with
+    its own lock."""
 
     def __init__(self) -> None:
         self.waiting: deque[list[HeldJob]] = deque()
         self.running: set[str] = set()
-        self.runs = 0  # groups run alone plus suspect cohorts run beside the batch
 
     def busy(self) -> bool:
         """True while a group waits to run alone or runs alone."""
@@ -47,7 +46,6 @@ class Isolation:
         self.running &= set(active)
         if self.running or not engine_empty or not self.waiting:
             return []
-        self.runs += 1
         return self.waiting.popleft()
 
     def started(self, job_ids: Iterable[str]) -> None:

@@ -20,6 +20,7 @@ class LoopCounters:
     preemptions_total: int = 0
     cached_prompt_tokens: int = 0
     computed_prompt_tokens: int = 0
+    isolated_runs: int = 0  # suspect cohorts run beside the batch, groups run alone
     last_stats: StepStats | None = None
 
     def note_step(self, outputs: list[RequestOutput], stats: StepStats) -> None:

@@ -60,6 +60,7 @@ class EngineSource(Protocol):
     preemptions_total: int
     cached_prompt_tokens: int
     computed_prompt_tokens: int
+    isolated_runs: int
 
 
 QueueDepthFn = Callable[[], dict[str, tuple[int, int]]]  # stream -> (undelivered, pending)
