@@ -9,6 +9,7 @@ together. The per-minute rate is a Redis counter per tenant and minute, exact.""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import redis
 from sqlalchemy.orm import Session
@@ -30,16 +31,25 @@ def _over(what: str, limit: int, retry_after: int, param: str | None = None) -> 
     )
 
 
-def check_queued_jobs(ctx: Context, session: Session, tenant: str, adding: int = 1) -> None:
-    """Inside the transaction that inserts ``adding`` jobs of ``tenant``: take the tenant's
-    lock, then refuse (429) if its open jobs would pass the quota."""
-    limit = ctx.settings.quota_queued_jobs
+def _locked_quota(
+    session: Session, tenant: str, *, limit: int, used: Callable[..., int], adding: int,
+    what: str, retry_after: int, param: str | None = None,
+) -> None:
+    """Take the tenant's lock (held to the end of the transaction that writes what the
+    quota limits), then refuse (429) if ``used + adding`` would pass ``limit`` (0: off).
+    ``what`` says what is used, with ``{n}`` for the count."""
     if not limit:
         return
     lock_tenant(session=session, tenant=tenant)
-    n = open_jobs(session=session, tenant=tenant)
+    n = used(session=session, tenant=tenant)
     if n + adding > limit:
-        raise _over(f"{n} jobs queued or running", limit, 30)
+        raise _over(what.format(n=n, adding=adding), limit, retry_after, param=param)
+
+
+def check_queued_jobs(ctx: Context, session: Session, tenant: str, adding: int = 1) -> None:
+    """Inside the transaction that inserts ``adding`` jobs of ``tenant``: its open jobs."""
+    _locked_quota(session, tenant, limit=ctx.settings.quota_queued_jobs, used=open_jobs,
+                  adding=adding, what="{n} jobs queued or running", retry_after=30)
 
 
 def check_job_quotas(ctx: Context, tenant: str) -> None:
@@ -63,24 +73,14 @@ def check_job_quotas(ctx: Context, tenant: str) -> None:
 
 
 def check_batch_quota(ctx: Context, session: Session, tenant: str) -> None:
-    """Inside the transaction that creates a batch: take the tenant's lock, then refuse
-    (429) if its batches not yet ended are at the quota."""
-    limit = ctx.settings.quota_open_batches
-    if not limit:
-        return
-    lock_tenant(session=session, tenant=tenant)
-    n = open_batches(session=session, tenant=tenant)
-    if n >= limit:
-        raise _over(f"{n} batches open", limit, 60)
+    """Inside the transaction that creates a batch: the tenant's batches not yet ended."""
+    _locked_quota(session, tenant, limit=ctx.settings.quota_open_batches, used=open_batches,
+                  adding=1, what="{n} batches open", retry_after=60)
 
 
 def check_storage_quota(ctx: Context, session: Session, tenant: str, adding: int) -> None:
-    """Inside the transaction that records a file of ``adding`` bytes: take the tenant's
-    lock, then refuse (429) if its stored bytes would pass the quota."""
-    limit = ctx.settings.quota_stored_bytes
-    if not limit:
-        return
-    lock_tenant(session=session, tenant=tenant)
-    used = stored_bytes(session=session, tenant=tenant)
-    if used + adding > limit:
-        raise _over(f"{used} bytes stored, {adding} more asked", limit, 3600, param="file")
+    """Inside the transaction that records a file of ``adding`` bytes: the tenant's stored
+    bytes."""
+    _locked_quota(session, tenant, limit=ctx.settings.quota_stored_bytes, used=stored_bytes,
+                  adding=adding, what="{n} bytes stored, {adding} more asked",
+                  retry_after=3600, param="file")

@@ -26,6 +26,7 @@ sys.path.insert(1, str(ROOT / ".peer" / "llguidance"))
 
 from benchmarks.dataset_features import SCHEMA  # noqa: E402
 from benchmarks.harness.machine import cpu_description  # noqa: E402
+from worker.protocol.structured_output import choice_pattern  # noqa: E402
 
 # (name, normalized constraint, an output it must take, an output it must refuse)
 CASES: list[tuple[str, dict[str, Any], str, str]] = [
@@ -108,7 +109,7 @@ class Llguidance:
         elif kind == "regex":
             grammar = m.grammar_from_regex(spec["pattern"])
         else:
-            grammar = m.grammar_from_regex("|".join(_literal(c) for c in spec["choices"]))
+            grammar = m.grammar_from_regex(choice_pattern(spec["choices"]))
         matcher = m(self.tok, grammar)  # llguidance builds its parser lazily: first use
         if matcher.is_error():
             raise ValueError(matcher.get_error())
@@ -130,11 +131,6 @@ class Llguidance:
 
     def bitmask(self) -> Any:
         return self.llg_torch.allocate_token_bitmask(1, self.vocab)
-
-
-def _literal(text: str) -> str:
-    special = set("\\.^$|?*+()[]{}")
-    return "".join("\\" + ch if ch in special else ch for ch in text)
 
 
 def walk(lib: Any, compiled: Any, tokens: list[int]) -> tuple[bool, list[float]]:

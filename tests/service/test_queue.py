@@ -58,7 +58,7 @@ def test_enqueue_commits_then_reads_interactive_first_without_hoarding(session_f
     assert read_new(redis_client=redis_client, keys=keys, consumer="c1", count=0) == []
     rest = read_new(redis_client=redis_client, keys=keys, consumer="c1", count=100)
     assert [d.job_id for d in rest] == batch_ids[1:]
-    assert ack(redis_client=redis_client, keys=keys, entries=[(d.stream, d.entry_id) for d in got + rest]) == 7
+    assert ack(redis_client=redis_client, keys=keys, entries=[(d.stream, d.entry_id, d.job_id) for d in got + rest]) == 7
     t0 = time.monotonic()
     assert read_new(redis_client=redis_client, keys=keys, consumer="c1", count=5, block_ms=200) == []
     assert time.monotonic() - t0 >= 0.15
@@ -68,7 +68,7 @@ def test_own_pending_and_redeliver_count_deliveries(session_factory, redis_clien
     ensure_groups(redis_client=redis_client, keys=keys)
     ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=_new(3))
     first = read_new(redis_client=redis_client, keys=keys, consumer="w-a", count=3)
-    ack(redis_client=redis_client, keys=keys, entries=[(first[0].stream, first[0].entry_id)])
+    ack(redis_client=redis_client, keys=keys, entries=[(first[0].stream, first[0].entry_id, first[0].job_id)])
     # the process dies; a new one with the same consumer name lists what was left ...
     pending = own_pending(redis_client=redis_client, keys=keys, consumer="w-a")
     assert [(e, n) for _, e, n in pending] == [(d.entry_id, 1) for d in first[1:]]
@@ -136,11 +136,11 @@ def test_trim_never_deletes_pending_or_unread(session_factory, redis_client, key
     enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=_new(6))
     got = read_new(redis_client=redis_client, keys=keys, consumer="c", count=4)
     # ack 0, 2, 3; 1 stays pending; 4 and 5 unread
-    ack(redis_client=redis_client, keys=keys, entries=[(got[i].stream, got[i].entry_id) for i in (0, 2, 3)])
+    ack(redis_client=redis_client, keys=keys, entries=[(got[i].stream, got[i].entry_id, got[i].job_id) for i in (0, 2, 3)])
     assert trim_streams(redis_client=redis_client, keys=keys) == 1  # only entry 0 may go
     left = [eid for eid, _ in redis_client.xrange(keys.stream("batch"))]
     assert left[0] == got[1].entry_id and len(left) == 5
-    ack(redis_client=redis_client, keys=keys, entries=[(got[1].stream, got[1].entry_id)])
+    ack(redis_client=redis_client, keys=keys, entries=[(got[1].stream, got[1].entry_id, got[1].job_id)])
     assert trim_streams(redis_client=redis_client, keys=keys) == 3
     assert len(read_new(redis_client=redis_client, keys=keys, consumer="c", count=10)) == 2
 

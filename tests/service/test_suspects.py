@@ -52,7 +52,7 @@ def test_a_run_is_remembered_until_it_ends(session_factory, redis_client, keys) 
         Run("w1", 3, 5.0), Run("w2", 1, 6.0)]
 
     # each way a run ends drops its record: written and acked, handed back, dead-lettered
-    ack(redis_client=redis_client, keys=keys, entries=[entries[0]])
+    ack(redis_client=redis_client, keys=keys, entries=[(*entries[0], got[0].job_id)])
     hand_back(redis_client=redis_client, keys=keys, deliveries=[got[1]])
     dead_letter(redis_client=redis_client, session_factory=session_factory, keys=keys, deliveries=[got[2]],
                 reason="test", evidence={entries[2]: seen[entries[2]].describe()})

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from worker.protocol.sampling_params import InvalidRequestError
+from worker.protocol.structured_output import choice_pattern, param_of
 
 CACHE_SIZE = 256  # compiled grammars kept, by spec
 _LIBRARY_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
@@ -91,19 +92,14 @@ def grammar_of(spec: dict[str, Any]) -> Any:
         if kind == "regex":
             return xgr.Grammar.from_regex(spec["pattern"])
         if kind == "choice":
-            return xgr.Grammar.from_regex("|".join(_literal(c) for c in spec["choices"]))
+            return xgr.Grammar.from_regex(choice_pattern(spec["choices"]))
     except (RuntimeError, ValueError) as exc:
         raise _refused(spec, exc) from None
-    raise InvalidRequestError(f"unknown structured output type {kind!r}", param=_param(spec))
-
-
-def _param(spec: dict[str, Any]) -> str:
-    return {"regex": "guided_regex", "choice": "guided_choice"}.get(
-        str(spec.get("type")), "response_format")
+    raise InvalidRequestError(f"unknown structured output type {kind!r}", param=param_of(spec))
 
 
 def _refused(spec: dict[str, Any], exc: Exception) -> InvalidRequestError:
-    param = _param(spec)
+    param = param_of(spec)
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     reason = _LIBRARY_PREFIX.sub("", reason)  # "[hh:mm:ss] source.cc:94: " of its log lines
     return InvalidRequestError(
@@ -125,9 +121,3 @@ def apply_masks(logits: torch.Tensor, rows: list[tuple[int, Grammar]]) -> None:
         sub = logits[index].float()  # [C, vocab]: a copy, masked, then written back
         xgr.apply_token_bitmask_inplace(sub, bitmask)
         logits[index] = sub.to(logits.dtype)
-
-
-def _literal(text: str) -> str:
-    """``text`` as a regular expression matching exactly it."""
-    special = set("\\.^$|?*+()[]{}")
-    return "".join("\\" + ch if ch in special else ch for ch in text)

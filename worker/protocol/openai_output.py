@@ -90,9 +90,13 @@ def stored_choice(sample: Sample) -> dict[str, Any]:
         else [{"token": lp.token, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
               for lp in sample.logprobs]
     )
-    stored: dict[str, Any] = {"text": sample.text, "finish_reason": sample.finish_reason,
-              "stop_reason": sample.stop_reason, "token_ids": sample.token_ids,
-              "logprobs": logprobs}
+    stored: dict[str, Any] = {
+        "text": sample.text,
+        "finish_reason": sample.finish_reason,
+        "stop_reason": sample.stop_reason,
+        "token_ids": sample.token_ids,
+        "logprobs": logprobs,
+    }
     if sample.prompt_logprobs is not None:
         stored["prompt_logprobs"] = sample.prompt_logprobs
     return stored

@@ -76,6 +76,18 @@ def _response_format(fmt: Any) -> dict[str, Any]:
     return {"type": "json_schema", "schema": spec["schema"]}
 
 
+def param_of(spec: dict[str, Any]) -> str:
+    """The request field a normalized constraint came from (what an error names)."""
+    return {"regex": "guided_regex", "choice": "guided_choice"}.get(
+        str(spec.get("type")), "response_format")
+
+
+def choice_pattern(choices: list[str]) -> str:
+    """A regular expression matching exactly one of ``choices`` (each taken literally)."""
+    special = set("\\.^$|?*+()[]{}")
+    return "|".join("".join("\\" + ch if ch in special else ch for ch in c) for c in choices)
+
+
 def check_structured(spec: dict[str, Any] | None, *, ignore_eos: bool) -> None:
     """Raise InvalidRequestError unless ``spec`` is a normalized constraint (or None) within
     bounds; a constraint ends its output with end-of-sequence, so ``ignore_eos`` conflicts."""
@@ -84,7 +96,7 @@ def check_structured(spec: dict[str, Any] | None, *, ignore_eos: bool) -> None:
     if not isinstance(spec, dict):
         raise InvalidRequestError("structured must be an object", param="response_format")
     kind = str(spec.get("type"))
-    param = {"regex": "guided_regex", "choice": "guided_choice"}.get(kind, "response_format")
+    param = param_of(spec)
     if kind == "json_object" and set(spec) == {"type"}:
         pass
     elif kind == "json_schema" and isinstance(spec.get("schema"), dict):

@@ -147,20 +147,15 @@ def _fill_delivery_counts(
 
 
 def ack(
-    *,
-    redis_client: redis.Redis,
-    keys: QueueKeys,
-    entries: Iterable[tuple[str, str] | tuple[str, str, str | None]],
+    *, redis_client: redis.Redis, keys: QueueKeys, entries: Iterable[tuple[str, str, str | None]]
 ) -> int:
-    """XACK ``(stream, entry_id[, job_id])`` entries in one pipeline, dropping any evidence
-    kept on them (their run ended) and, given the job id, the entry as its job's carrier;
-    returns how many were pending."""
+    """XACK ``(stream, entry_id, job_id)`` entries in one pipeline, dropping any evidence
+    kept on them (their run ended) and the entry as its job's carrier (``worker.queue.
+    carried``); returns how many were pending."""
+    owned = list(entries)
     by_stream: dict[str, list[str]] = {}
-    owned: list[tuple[str, str, str | None]] = []
-    for entry in entries:
-        stream, entry_id = entry[0], entry[1]
+    for stream, entry_id, _job_id in owned:
         by_stream.setdefault(stream, []).append(entry_id)
-        owned.append((stream, entry_id, entry[2] if len(entry) > 2 else None))
     if not by_stream:
         return 0
     pipe = redis_client.pipeline(transaction=False)
