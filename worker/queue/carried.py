@@ -28,12 +28,16 @@ from worker.queue.keys import QueueKeys
 
 PAGE = 1000
 
-# Delete the job's field only while it still names this entry.
+# Delete each job's field only while it still names the given entry. ARGV: job id, entry
+# reference, job id, entry reference, ...
 FORGET = """
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
-  return redis.call('HDEL', KEYS[1], ARGV[1])
+local n = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
+    n = n + redis.call('HDEL', KEYS[1], ARGV[i])
+  end
 end
-return 0
+return n
 """
 
 
@@ -46,12 +50,13 @@ def forget(
     redis_client: redis.Redis, pipe: Any, keys: QueueKeys,
     entries: Iterable[tuple[str, str, str | None]],
 ) -> None:
-    """Queue on ``pipe`` the removal of each ``(stream, entry id, job id)`` from the index
-    (entries without a job id are skipped)."""
+    """Queue on ``pipe`` the removal of each ``(stream, entry id, job id)`` from the index,
+    one script call per ``PAGE`` entries (entries without a job id are skipped)."""
+    pairs = [x for stream, entry_id, job_id in entries if job_id
+             for x in (job_id, ref(stream, entry_id))]
     script = cast(Any, redis_client).register_script(FORGET)
-    for stream, entry_id, job_id in entries:
-        if job_id:
-            script(keys=[keys.carried], args=[job_id, ref(stream, entry_id)], client=pipe)
+    for lo in range(0, len(pairs), 2 * PAGE):
+        script(keys=[keys.carried], args=pairs[lo : lo + 2 * PAGE], client=pipe)
 
 
 def carried_among(*, redis_client: redis.Redis, keys: QueueKeys, job_ids: list[str]) -> set[str]:
