@@ -67,23 +67,66 @@ def _finish(env: ApiEnv, job_id: str) -> None:
         )
 
 
-def test_webhook_retries_with_backoff(make_env, hook_server) -> None:
-    from api.control.webhooks import deliver_due_webhooks
+def _next_try(env: ApiEnv, job_id: str):
+    from worker.store.models import ApiJob
 
-    env = make_env(webhook_backoff=0.2, webhook_max_attempts=5, webhook_allow_hosts=("127.0.0.1",))
+    with env.ctx.session_factory() as s:
+        return s.get(ApiJob, job_id).webhook_next_at
+
+
+def _make_due(env: ApiEnv, job_id: str) -> None:
+    """Move the job's next try into the past: the test skips the wait, not the rule."""
+    from sqlalchemy import update
+
+    from worker.store.base import utcnow
+    from worker.store.models import ApiJob
+
+    with env.ctx.session_factory.begin() as s:
+        s.execute(
+            update(ApiJob)
+            .where(ApiJob.job_id == job_id)
+            .values(webhook_next_at=utcnow() - timedelta(seconds=1))
+        )
+
+
+def _attempt(env: ApiEnv, job_id: str) -> tuple[dict[str, int], timedelta, timedelta]:
+    """One delivery round; returns its counts and the bounds on the delay it scheduled."""
+    from api.control.webhooks import deliver_due_webhooks
+    from worker.store.base import utcnow
+
+    before = utcnow()
+    stats = deliver_due_webhooks(env.ctx)
+    after = utcnow()
+    next_at = _next_try(env, job_id)
+    if next_at is None:
+        return stats, timedelta(0), timedelta(0)
+    next_at = next_at.replace(tzinfo=before.tzinfo)
+    return stats, next_at - after, next_at - before
+
+
+def test_webhook_retries_with_backoff(make_env, hook_server) -> None:
+    """Each failed try schedules the next at backoff * 2**attempts, nothing is sent
+    before that time, and the third try (receiver healthy again) is delivered. The
+    delays are read from the stored schedule, not from sleeps, so a slow machine cannot
+    fail it."""
+    backoff = 30.0
+    env = make_env(
+        webhook_backoff=backoff, webhook_max_attempts=5, webhook_allow_hosts=("127.0.0.1",)
+    )
     h = env.auth("t-hook")
     job = env.client.post("/v1/jobs", json={**CHAT, "callback_url": hook_server}, headers=h).json()
     assert job["webhook"]["state"] == "pending"
-    assert deliver_due_webhooks(env.ctx)["retrying"] == 0  # not ended yet: nothing due
+    stats, _, _ = _attempt(env, job["id"])
+    assert stats["retrying"] == 0  # not ended yet: nothing due
     _finish(env, job["id"])
-    assert deliver_due_webhooks(env.ctx)["retrying"] == 1
-    assert deliver_due_webhooks(env.ctx) == {"delivered": 0, "retrying": 0, "failed": 0}  # backoff
-    time.sleep(0.25)
-    assert deliver_due_webhooks(env.ctx)["retrying"] == 1
-    time.sleep(0.2)
-    assert deliver_due_webhooks(env.ctx)["delivered"] == 0  # second backoff is 0.4 s
-    time.sleep(0.25)
-    assert deliver_due_webhooks(env.ctx)["delivered"] == 1
+    for attempt in range(2):  # the receiver answers 500 twice
+        stats, low, high = _attempt(env, job["id"])
+        assert stats == {"delivered": 0, "retrying": 1, "failed": 0}
+        delay = timedelta(seconds=backoff * 2**attempt)
+        assert low <= delay <= high + timedelta(seconds=0.01)
+        assert _attempt(env, job["id"])[0] == {"delivered": 0, "retrying": 0, "failed": 0}
+        _make_due(env, job["id"])
+    assert _attempt(env, job["id"])[0]["delivered"] == 1
     assert [r["attempt"] for r in _Hook.received] == ["1", "2", "3"]
     payload = _Hook.received[-1]["body"]
     assert payload["type"] == "job.succeeded" and payload["data"]["id"] == job["id"]

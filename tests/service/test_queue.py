@@ -82,9 +82,9 @@ def test_take_over_stale_respects_touch_and_dead_letters(session_factory, redis_
     ensure_groups(redis_client=redis_client, keys=keys)
     ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=_new(2))
     got = read_new(redis_client=redis_client, keys=keys, consumer="dead", count=2)
-    time.sleep(0.3)
+    time.sleep(1.0)  # both entries idle >= 1 s; the touch below resets one of them
     touch(redis_client=redis_client, keys=keys, consumer="dead", entries=[(got[0].stream, got[0].entry_id)])
-    taken = take_over_stale(redis_client=redis_client, keys=keys, consumer="alive", min_idle_ms=200, count=10)
+    taken = take_over_stale(redis_client=redis_client, keys=keys, consumer="alive", min_idle_ms=800, count=10)
     assert taken == [(got[1].stream, got[1].entry_id)]  # the touched one stays with its owner
     # taking over does not count as a delivery; redelivering does
     assert [n for _, _, n in own_pending(redis_client=redis_client, keys=keys, consumer="alive")] == [1]
