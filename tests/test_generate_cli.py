@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from worker.cli.generate_cmd import plan_lines
+from worker.cli.generate_cmd import LinePlanner
 from worker.cli.generate_loop import Progress, WorkItem, run_requests
-from worker.cli.jsonl_io import OutputWriter, prepare_output, read_input_lines
+from worker.cli.jsonl_io import OutputWriter, count_input_lines, iter_input_lines, prepare_output
 from worker.cli.main import main
 from worker.protocol.openai_batch import parse_request_line
 from worker.protocol.sampling_params import InvalidRequestError
@@ -40,8 +40,9 @@ def test_plan_lines_ids_duplicates_and_skips():
     lines = [(1, b'{"prompt": "a"}'), (2, b'{"custom_id": "x", "prompt": "b"}'),
              (4, b"{oops"), (5, b'{"custom_id": "x", "prompt": "c"}'),
              (6, b'{"custom_id": "y", "prompt": "d", "bad": 1}'), (7, b'{"prompt": "e"}')]
-    items, skipped = plan_lines(lines, done={"line-7"})
-    assert skipped == 1
+    planner = LinePlanner(done={"line-7"})
+    items = list(planner.items(lines))
+    assert planner.skipped == 1
     assert [i.custom_id for i in items] == ["line-1", "x", "line-4", "line-5", "y"]
     assert items[0].request is not None and not items[0].own_id
     assert items[2].error is not None and items[2].error.code == "invalid_json"
@@ -63,7 +64,10 @@ def test_prepare_output_cuts_a_torn_last_line(tmp_path):
 def test_read_input_lines_skips_blank_lines_keeping_numbers(tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_bytes(b'{"prompt": "a"}\n\n  \n{"prompt": "b"}')
-    assert read_input_lines(str(path)) == [(1, b'{"prompt": "a"}'), (4, b'{"prompt": "b"}')]
+    assert list(iter_input_lines(str(path))) == [(1, b'{"prompt": "a"}'), (4, b'{"prompt": "b"}')]
+    assert count_input_lines(str(path)) == 2
+    path.write_bytes(b'{"prompt": "a"}\r\n{"prompt": "b"}\r\n')
+    assert list(iter_input_lines(str(path))) == [(1, b'{"prompt": "a"}'), (2, b'{"prompt": "b"}')]
 
 
 # -- the engine loop, on a fake engine ------------------------------------------------------
@@ -132,7 +136,7 @@ def test_run_requests_writes_in_finish_order_and_refuses_alone(tmp_path):
     out = tmp_path / "out.jsonl"
     progress = Progress(len(items), enabled=False)
     with OutputWriter(str(out)) as writer:
-        run_requests(engine, items, writer, progress, window=2)
+        run_requests(lambda: engine, items, writer, progress, window=2)
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     # id1 finishes first; id2 is refused when it is fed; id3 overtakes id0.
     assert [r["custom_id"] for r in rows] == ["id1", "id2", "id3", "id0", "id4"]
@@ -145,6 +149,58 @@ def test_run_requests_writes_in_finish_order_and_refuses_alone(tmp_path):
     assert ok["status_code"] == 200 and ok["body"]["choices"][0]["text"] == "x"
     assert ok["body"]["model"] == "fake" and ok["body"]["usage"]["completion_tokens"] == 1
     assert progress.done == 5 and progress.failed == 1 and progress.tokens == 10
+
+
+def test_run_requests_reads_the_input_as_it_works(tmp_path):
+    """Lines are pulled only while the window has room, so a long file is never held."""
+    pulled = []
+
+    def lines():
+        for i in range(200):
+            pulled.append(i)
+            yield WorkItem(i + 1, f"id{i}", request=parse_request_line(
+                json.dumps({"prompt": "abc"}), line_number=i + 1))
+
+    engine = FakeEngine()
+    most_ahead = 0
+    real_step = engine.step
+
+    def step():
+        nonlocal most_ahead
+        written = progress.done
+        most_ahead = max(most_ahead, len(pulled) - written)
+        return real_step()
+
+    engine.step = step  # type: ignore[method-assign]
+    progress = Progress(None, enabled=False)
+    with OutputWriter(str(tmp_path / "out.jsonl")) as writer:
+        run_requests(lambda: engine, lines(), writer, progress, window=4)
+    assert progress.done == 200 and progress.failed == 0
+    assert most_ahead <= 4  # never more lines read than the window holds
+
+
+def test_run_requests_does_not_load_an_engine_for_refused_lines_only(tmp_path):
+    bad = WorkItem(1, "line-1", own_id=False, error=parse_error(b"{oops"))
+    out = tmp_path / "out.jsonl"
+    progress = Progress(1, enabled=False)
+
+    def no_engine():
+        raise AssertionError("the engine was loaded for a file without a valid line")
+
+    with OutputWriter(str(out)) as writer:
+        run_requests(no_engine, [bad], writer, progress, window=4)
+    (row,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert row["custom_id"] == "line-1" and row["error"]["code"] == "invalid_json"
+
+
+def parse_error(raw: bytes):
+    from worker.protocol.openai_batch import RequestParseError
+
+    try:
+        parse_request_line(raw, line_number=1)
+    except RequestParseError as exc:
+        return exc
+    raise AssertionError("the line parsed")
 
 
 # -- the command ---------------------------------------------------------------------------

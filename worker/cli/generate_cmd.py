@@ -12,11 +12,12 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from worker.cli.engine_flags import add_engine_flags, engine_args_from
-from worker.cli.generate_loop import Progress, WorkItem, run_requests, write_parse_errors
-from worker.cli.jsonl_io import OutputWriter, prepare_output, read_input_lines
+from worker.cli.generate_loop import Progress, WorkItem, run_requests
+from worker.cli.jsonl_io import OutputWriter, count_input_lines, iter_input_lines, prepare_output
 from worker.protocol.openai_batch import RequestParseError, parse_request_line
 from worker.protocol.sampling_params import InvalidRequestError
 
@@ -54,29 +55,42 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def plan_lines(lines: list[tuple[int, bytes]], done: set[str]) -> tuple[list[WorkItem], int]:
-    """Parse every line into a WorkItem, leaving out custom_ids in ``done``.
+class LinePlanner:
+    """Turns input lines into WorkItems one at a time, leaving out custom_ids in ``done``.
 
-    Returns the items and how many lines were skipped. A line whose custom_id repeats an
-    earlier line's is refused and keyed ``line-<n>``, so resuming never confuses the two.
+    A line whose custom_id repeats an earlier line's is refused and keyed ``line-<n>``, so
+    resuming never confuses the two. Only the ids seen are remembered (for that check), not
+    the requests, so memory does not grow with the bodies. ``skipped`` counts the lines
+    left out so far; ``on_skip`` is called for each.
     """
-    items: list[WorkItem] = []
-    first_line: dict[str, int] = {}
-    skipped = 0
-    for number, raw in lines:
-        item = _parse(number, raw)
-        if item.custom_id in first_line:
-            item = WorkItem(number, f"line-{number}", own_id=False, error=RequestParseError(
-                f"duplicate custom_id {item.custom_id!r} (first on line "
-                f"{first_line[item.custom_id]}); custom_ids must be unique, this line was "
-                "not run", param="custom_id", code="duplicate_custom_id",
-                line_number=number))
-        first_line.setdefault(item.custom_id, number)
-        if item.custom_id in done:
-            skipped += 1
-        else:
-            items.append(item)
-    return items, skipped
+
+    def __init__(self, done: set[str], on_skip: Callable[[], None] | None = None) -> None:
+        self.done = done
+        self.skipped = 0
+        self._on_skip = on_skip
+        self._first_line: dict[str, int] = {}
+
+    def items(self, lines: Iterable[tuple[int, bytes]]) -> Iterator[WorkItem]:
+        """The WorkItem of every line still to answer, in file order."""
+        for number, raw in lines:
+            item = self._checked(_parse(number, raw))
+            if item.custom_id in self.done:
+                self.skipped += 1
+                if self._on_skip is not None:
+                    self._on_skip()
+            else:
+                yield item
+
+    def _checked(self, item: WorkItem) -> WorkItem:
+        first = self._first_line.setdefault(item.custom_id, item.line_number)
+        if first == item.line_number:
+            return item
+        return WorkItem(item.line_number, f"line-{item.line_number}", own_id=False,
+                        error=RequestParseError(
+                            f"duplicate custom_id {item.custom_id!r} (first on line {first}); "
+                            "custom_ids must be unique, this line was not run",
+                            param="custom_id", code="duplicate_custom_id",
+                            line_number=item.line_number))
 
 
 def _parse(number: int, raw: bytes) -> WorkItem:
@@ -107,40 +121,64 @@ def run(args: argparse.Namespace) -> int:
     except InvalidRequestError as exc:
         return fail(str(exc))
     try:
-        lines = read_input_lines(args.input)
         done = prepare_output(args.output, resume=not args.no_resume)
+        total = count_input_lines(args.input)
     except OSError as exc:
         return fail(str(exc))
-    items, skipped = plan_lines(lines, done)
     say = (lambda _: None) if args.quiet else (lambda m: print(m, file=sys.stderr))
-    if skipped:
-        say(f"resuming: {skipped} line(s) already in {args.output}")
-    if not items:
-        say("nothing to do")
-        return 0
+    if done:
+        say(f"resuming: {len(done)} line(s) already in {args.output}")
     started = time.perf_counter()
-    progress = Progress(len(items), enabled=not args.quiet)
+    progress = Progress(total, enabled=not args.quiet)
+    planner = LinePlanner(done, on_skip=progress.line_skipped)
+    engine_source = _EngineSource(engine_args, progress)
     try:
         with OutputWriter(args.output) as writer:
-            write_parse_errors(items, writer, progress)
-            if any(item.request is not None for item in items):
-                from worker.engine import LLMEngine
-
-                try:
-                    engine = LLMEngine(engine_args)
-                except (InvalidRequestError, OSError) as exc:
-                    progress.close()
-                    return fail(f"could not load the model {engine_args.model!r}: {exc}", 1)
-                progress.restart_clock()
-                window = args.window or 2 * engine_args.max_num_seqs
-                run_requests(engine, items, writer, progress, window=max(1, window))
+            window = max(1, args.window or 2 * engine_args.max_num_seqs)
+            run_requests(engine_source, planner.items(iter_input_lines(args.input)), writer,
+                         progress, window=window)
+    except EngineLoadError as exc:
+        progress.close()
+        return fail(f"could not load the model {engine_args.model!r}: {exc}", 1)
+    except OSError as exc:
+        progress.close()
+        return fail(str(exc))
     except KeyboardInterrupt:
         progress.close()
         say(f"interrupted after {progress.done} line(s); run the same command to resume")
         return 130
+    if progress.done == 0:
+        progress.close()
+        say("nothing to do")
+        return 0
     progress.close()
     say(f"{progress.done} line(s) written to {args.output}: {progress.done - progress.failed} "
-        f"ok, {progress.failed} failed, {skipped} skipped; {progress.tokens} tokens generated "
+        f"ok, {progress.failed} failed, {planner.skipped} skipped; {progress.tokens} tokens generated "
         f"({progress.tokens_per_second:.1f} tok/s); {time.perf_counter() - started:.1f}s "
         "in all")
     return 0
+
+
+class EngineLoadError(Exception):
+    """The model could not be loaded (the message says why)."""
+
+
+class _EngineSource:
+    """Loads the engine at the first request that needs it (a file of refused lines never
+    loads a model) and starts the tokens/s clock once it is loaded."""
+
+    def __init__(self, engine_args: Any, progress: Progress) -> None:
+        self._args = engine_args
+        self._progress = progress
+        self._engine: Any = None
+
+    def __call__(self) -> Any:
+        if self._engine is None:
+            from worker.engine import LLMEngine
+
+            try:
+                self._engine = LLMEngine(self._args)
+            except (InvalidRequestError, OSError) as exc:
+                raise EngineLoadError(str(exc)) from exc
+            self._progress.restart_clock()
+        return self._engine

@@ -8,8 +8,7 @@ Works with any engine exposing ``tokenize``, ``add_request``, ``step``,
 from __future__ import annotations
 
 import time
-from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +39,7 @@ class WorkItem:
 class Progress:
     """Counts done/failed lines and generated tokens; drives an optional tqdm bar."""
 
-    def __init__(self, total: int, *, enabled: bool) -> None:
+    def __init__(self, total: int | None, *, enabled: bool) -> None:
         self.done = self.failed = self.tokens = 0
         self.start = time.perf_counter()
         self._last_postfix = 0.0
@@ -67,6 +66,11 @@ class Progress:
             self._bar.update(1)
         self._postfix(force=failed)
 
+    def line_skipped(self) -> None:
+        """Count one line already answered by an earlier run (it moves the bar only)."""
+        if self._bar is not None:
+            self._bar.update(1)
+
     def tokens_generated(self, count: int) -> None:
         """Count tokens generated in a step."""
         self.tokens += count
@@ -86,45 +90,60 @@ class Progress:
         self._bar.set_postfix_str(f"tok/s={self.tokens_per_second:.1f} failed={self.failed}")
 
 
-def write_parse_errors(items: Iterable[WorkItem], writer: OutputWriter,
-                       progress: Progress) -> None:
-    """Write the error line of every item refused at parse time."""
-    for item in items:
-        if item.error is not None:
-            _write_error(writer, progress, item, new_request_id(), item.error)
+def run_requests(engine_source: Callable[[], Any], items: Iterable[WorkItem],
+                 writer: OutputWriter, progress: Progress, *, window: int) -> None:
+    """Generate every item, writing each output line as soon as it finishes.
 
-
-def run_requests(engine: Any, items: Iterable[WorkItem], writer: OutputWriter,
-                 progress: Progress, *, window: int) -> None:
-    """Generate every parsed item, writing each output line as soon as it finishes.
-
-    At most ``window`` requests sit in the engine at once; the rest wait here untokenized.
-    A request the engine refuses (too long, bigger than the KV pool) gets an error line.
+    Items are pulled from ``items`` only while fewer than ``window`` requests sit in the
+    engine, so a file of any length is read as it is worked (memory stays flat). An item
+    refused at parse time gets its error line when it is reached; a request the engine
+    refuses (too long, bigger than the KV pool) gets one too. ``engine_source`` is called
+    at the first request that needs the engine (and may load it then).
     """
-    queue = deque(item for item in items if item.request is not None)
+    pending = iter(items)
     running: dict[str, WorkItem] = {}
-    while queue or running:
-        while queue and engine.num_unfinished_requests() < window:
-            item = queue.popleft()
-            request_id = new_request_id()
-            try:
-                _add(engine, request_id, item)
-            except InvalidRequestError as exc:
-                _write_error(writer, progress, item, request_id, exc)
-                continue
-            running[request_id] = item
-        if not engine.has_unfinished_requests():
-            for request_id, item in running.items():  # lost by the engine: never silently
-                _write_error(writer, progress, item, request_id,
-                             InvalidRequestError("the engine dropped the request"),
-                             status_code=500, code="engine_error")
-            running.clear()
-            continue
-        outputs, _ = engine.step()
-        progress.tokens_generated(sum(len(out.new_token_ids) for out in outputs))
-        for out in outputs:
-            if out.finished and out.request_id in running:
-                _write_result(engine, writer, progress, running.pop(out.request_id), out)
+    engine: Any = None
+    exhausted = False
+    while True:
+        while not exhausted and (engine is None or engine.num_unfinished_requests() < window):
+            item = next(pending, None)
+            if item is None:
+                exhausted = True
+            elif item.error is not None:
+                _write_error(writer, progress, item, new_request_id(), item.error)
+            else:
+                engine = engine if engine is not None else engine_source()
+                _feed(engine, writer, progress, item, running)
+        if engine is None or not (running or engine.has_unfinished_requests()):
+            return
+        _step(engine, writer, progress, running)
+
+
+def _feed(engine: Any, writer: OutputWriter, progress: Progress, item: WorkItem,
+          running: dict[str, WorkItem]) -> None:
+    request_id = new_request_id()
+    try:
+        _add(engine, request_id, item)
+    except InvalidRequestError as exc:
+        _write_error(writer, progress, item, request_id, exc)
+        return
+    running[request_id] = item
+
+
+def _step(engine: Any, writer: OutputWriter, progress: Progress,
+          running: dict[str, WorkItem]) -> None:
+    if not engine.has_unfinished_requests():
+        for request_id, item in running.items():  # lost by the engine: never silently
+            _write_error(writer, progress, item, request_id,
+                         InvalidRequestError("the engine dropped the request"),
+                         status_code=500, code="engine_error")
+        running.clear()
+        return
+    outputs, _ = engine.step()
+    progress.tokens_generated(sum(len(out.new_token_ids) for out in outputs))
+    for out in outputs:
+        if out.finished and out.request_id in running:
+            _write_result(engine, writer, progress, running.pop(out.request_id), out)
 
 
 def _add(engine: Any, request_id: str, item: WorkItem) -> None:

@@ -4,50 +4,68 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 
-def read_input_lines(path: str) -> list[tuple[int, bytes]]:
-    """``(line_number, raw_line)`` for every non-blank line (numbers count from 1).
-
-    ``-`` reads standard input.
+def iter_input_lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """``(line_number, raw_line)`` for every non-blank line (numbers count from 1), read
+    one line at a time so memory does not grow with the file. ``-`` reads standard input.
     """
-    if path == "-":
-        import sys
+    stream: IO[bytes] = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
+    try:
+        for number, line in enumerate(stream, start=1):
+            line = line.rstrip(b"\r\n")
+            if line.strip():
+                yield number, line
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
 
-        data = sys.stdin.buffer.read()
-    else:
-        data = Path(path).read_bytes()
-    return [(i, line) for i, line in enumerate(data.splitlines(), start=1) if line.strip()]
+
+def count_input_lines(path: str) -> int | None:
+    """How many non-blank lines the file holds (one streaming pass); None for stdin."""
+    if path == "-":
+        return None
+    return sum(1 for _ in iter_input_lines(path))
 
 
 def prepare_output(path: str, *, resume: bool) -> set[str]:
     """Get ``path`` ready for appending; returns the custom_ids already written there.
 
     Without ``resume`` the file is emptied. With it, a torn last line (a run killed in the
-    middle of a write) is cut off, so the appended lines stay one JSON object per line.
+    middle of a write) is cut off, so the appended lines stay one JSON object per line. The
+    file is read line by line: only the ids are kept.
     """
     out = Path(path)
     if not resume or not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_bytes(b"")
         return set()
-    data = out.read_bytes()
-    if data and not data.endswith(b"\n"):
-        keep = data.rfind(b"\n") + 1
-        with out.open("r+b") as f:
-            f.truncate(keep)
-        data = data[:keep]
     done: set[str] = set()
-    for raw in data.splitlines():
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("custom_id"), str):
-            done.add(obj["custom_id"])
+    with out.open("r+b") as f:
+        keep = 0
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                break  # the torn last line: cut below
+            keep += len(raw)
+            custom_id = _custom_id(raw)
+            if custom_id is not None:
+                done.add(custom_id)
+        f.truncate(keep)
     return done
+
+
+def _custom_id(raw: bytes) -> str | None:
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return None
+    if isinstance(obj, dict) and isinstance(obj.get("custom_id"), str):
+        return str(obj["custom_id"])
+    return None
 
 
 class OutputWriter:
