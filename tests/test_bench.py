@@ -227,3 +227,25 @@ def test_cli_config_names_match_the_runner() -> None:
     from worker.cli.bench_cmd import _CONFIG_NAMES
 
     assert set(_CONFIG_NAMES) == set(CONFIGS)
+
+
+def test_linear_fit_tells_a_line_from_a_curve() -> None:
+    from benchmarks.harness.linear_fit import fit_line
+
+    line = fit_line([1000, 5000, 20000], [2.0 + 0.001 * n for n in (1000, 5000, 20000)])
+    assert abs(line.slope - 0.001) < 1e-12 and abs(line.intercept - 2.0) < 1e-9
+    assert abs(line.worst_ratio - 1.0) < 1e-9 and abs(line.marginal_growth - 1.0) < 1e-9
+    curve = fit_line([1000, 5000, 20000], [1e-7 * n * n for n in (1000, 5000, 20000)])
+    assert abs(curve.marginal_growth - 25_000 / 6_000) < 1e-9  # each line costs more later
+    assert curve.worst_ratio > 1.2
+
+
+def test_rss_of_a_child_process_is_sampled_over_its_run() -> None:
+    from benchmarks.harness.machine import RssSampler
+
+    code = "import time; block = bytearray(64 << 20); time.sleep(1.0)"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    with RssSampler(interval=0.05, pid=proc.pid) as rss:
+        proc.wait()
+    assert rss.peak >= 64 << 20  # the child's 64 MiB, not this process's memory
+    assert len(rss.series) >= 5 and all(t >= 0 for t, _ in rss.series)

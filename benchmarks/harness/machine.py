@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,36 +53,66 @@ def machine_description() -> dict[str, Any]:
             "transformers": transformers.__version__, "python": platform.python_version()}
 
 
-def current_rss_bytes() -> int:
-    """This process's resident set size now (0 where /proc is missing)."""
+def current_rss_bytes(pid: int | None = None) -> int:
+    """The resident set size now of this process, or of process ``pid`` and all its
+    descendants (0 where /proc is missing or the process is gone)."""
+    if pid is None:
+        return _statm_rss(Path("/proc/self/statm"))
+    return sum(_statm_rss(Path(f"/proc/{p}/statm")) for p in _process_tree(pid))
+
+
+def _statm_rss(path: Path) -> int:
     try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        pages = int(path.read_text().split()[1])
     except (OSError, IndexError, ValueError):
         return 0
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and every descendant of it (from /proc/<pid>/task/*/children)."""
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                todo.extend(int(child) for child in task.read_text().split())
+            except (OSError, ValueError):
+                continue
+    return tree
+
+
 class RssSampler:
     """The peak of :func:`current_rss_bytes` while the ``with`` block runs (sampled every
-    ``interval`` seconds in a thread), so each run gets its own peak, not the process's."""
+    ``interval`` seconds in a thread), so each run gets its own peak, not the process's.
+    With ``pid`` it watches that process and its children instead of this one, and keeps
+    the samples as ``(seconds since start, bytes)`` in ``series``."""
 
-    def __init__(self, interval: float = 0.1) -> None:
+    def __init__(self, interval: float = 0.1, pid: int | None = None) -> None:
         self.interval = interval
+        self.pid = pid
         self.peak = 0
+        self.series: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._started = time.monotonic()
 
     def _run(self) -> None:
         while True:
-            self.peak = max(self.peak, current_rss_bytes())
+            rss = current_rss_bytes(self.pid)
+            self.peak = max(self.peak, rss)
+            if self.pid is not None and rss:
+                self.series.append((time.monotonic() - self._started, rss))
             if self._stop.wait(self.interval):
                 return
 
     def __enter__(self) -> RssSampler:
+        self._started = time.monotonic()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, current_rss_bytes())
+        self.peak = max(self.peak, current_rss_bytes(self.pid))

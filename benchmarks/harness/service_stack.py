@@ -1,0 +1,150 @@
+"""A throwaway service for benchmarks: its own PostgreSQL database and Redis key prefix,
+``inflight api`` and N ``inflight worker`` processes, all removed again at the end.
+
+    with service_stack(model="tiny-llama", workers=2) as stack:
+        client = stack.client()  # httpx.Client with the tenant's key
+        ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@dataclass
+class ServiceStack:
+    """What a running stack offers: its URLs, the tenant's key and the processes."""
+
+    base_url: str
+    api_key: str
+    database_url: str
+    redis_url: str
+    prefix: str
+    api: subprocess.Popen
+    workers: list[subprocess.Popen] = field(default_factory=list)
+
+    def client(self, timeout: float = 60.0) -> httpx.Client:
+        """An HTTP client for the API, authenticated as the stack's tenant."""
+        return httpx.Client(base_url=self.base_url, timeout=timeout,
+                            headers={"Authorization": f"Bearer {self.api_key}"})
+
+
+@contextlib.contextmanager
+def service_stack(*, model: str = "tiny-llama", workers: int = 1, api_workers: int = 1,
+                  redis_url: str = "redis://127.0.0.1:6379/12", database_url: str | None = None,
+                  beat_interval: float = 5.0, worker_args: tuple[str, ...] = (),
+                  tenant: str = "bench") -> Iterator[ServiceStack]:
+    """Start the stack, wait until the API is ready, yield it; stop and remove everything
+    on the way out (the database only if it was made here)."""
+    from api.serve_thread import free_port
+
+    made_db = _create_database() if database_url is None else None
+    db_url = database_url or f"postgresql://postgres@127.0.0.1:5432/{made_db}"
+    prefix = f"inflight-bench-{uuid.uuid4().hex[:8]}"
+    storage = Path(f"/tmp/{prefix}-files")
+    procs: list[subprocess.Popen] = []
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+           "INFLIGHT_BEAT_INTERVAL": str(beat_interval)}
+    try:
+        key = _prepare_database(db_url, tenant)
+        common = ["--database-url", db_url, "--redis-url", redis_url, "--prefix", prefix]
+        port = free_port()
+        procs.append(_start(["api", "--port", str(port), *common, "--storage-dir", str(storage),
+                             "--workers", str(api_workers), "--log-level", "warning"], env))
+        for i in range(workers):
+            procs.append(_start(["worker", "--model", model, *common, "--name", f"bench-{i}",
+                                 "--log-level", "WARNING", *worker_args], env))
+        stack = ServiceStack(base_url=f"http://127.0.0.1:{port}", api_key=key,
+                             database_url=db_url, redis_url=redis_url, prefix=prefix,
+                             api=procs[0], workers=procs[1:])
+        _wait_ready(stack)
+        yield stack
+    finally:
+        _stop(procs)
+        _forget_keys(redis_url, prefix)
+        if made_db:
+            _drop_database(made_db)
+        shutil.rmtree(storage, ignore_errors=True)
+
+
+def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "worker.cli.main", *args], cwd=ROOT, env=env)
+
+
+def _create_database() -> str:
+    import psycopg
+
+    name = f"inflight_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return name
+
+
+def _prepare_database(db_url: str, tenant: str) -> str:
+    """Migrate the database and return a new API key for ``tenant``."""
+    from migrations.run import upgrade
+    from worker.store.crud.api_keys import create_api_key
+    from worker.store.db import make_engine, make_session_factory
+
+    upgrade(url=db_url)
+    engine = make_engine(url=db_url)
+    try:
+        with make_session_factory(engine=engine).begin() as s:
+            _, key = create_api_key(session=s, tenant=tenant)
+    finally:
+        engine.dispose()
+    return key
+
+
+def _wait_ready(stack: ServiceStack, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    with stack.client(timeout=5.0) as client:
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get("/readyz").status_code == 200:
+                    return
+            if stack.api.poll() is not None:
+                raise RuntimeError(f"the API exited with {stack.api.returncode}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("the API did not become ready")
+            time.sleep(0.2)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _forget_keys(redis_url: str, prefix: str) -> None:
+    import redis
+
+    with contextlib.suppress(redis.RedisError):
+        client = redis.Redis.from_url(redis_url)
+        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+            client.delete(key)
+
+
+def _drop_database(name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
