@@ -143,16 +143,17 @@ class Client:
         status: str | None = None,
         batch_id: str | None = None,
         limit: int = 100,
-        offset: int = 0,
+        after: str | None = None,
     ) -> dict[str, Any]:
-        """A page of jobs."""
+        """A page of jobs in queue order; the next page is ``after=page["last_id"]`` while
+        ``page["has_more"]``."""
         params = {
             k: v
             for k, v in (
                 ("status", status),
                 ("batch_id", batch_id),
                 ("limit", limit),
-                ("offset", offset),
+                ("after", after),
             )
             if v is not None
         }

@@ -17,16 +17,12 @@ import asyncio
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
-import uuid
-from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+from benchmarks.harness.service_stack import service_stack
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -82,15 +78,16 @@ async def _poll(
 
 
 def _count(client: httpx.Client, status: str) -> int:
-    n, offset = 0, 0
+    n, after = 0, None
     while True:
-        page = client.get(
-            "/v1/jobs", params={"status": status, "limit": 1000, "offset": offset}
-        ).json()
+        params: dict[str, str | int] = {"status": status, "limit": 1000}
+        if after:
+            params["after"] = after
+        page = client.get("/v1/jobs", params=params).json()
         n += len(page["data"])
         if not page["has_more"]:
             return n
-        offset = page["next_offset"]
+        after = page["last_id"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-workers", type=int, default=1, help="uvicorn processes")
     p.add_argument("--database-url", default=None)
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
-    p.add_argument("--port", type=int, default=0)
     p.add_argument("--no-worker", action="store_true", help="poll without a worker running")
     p.add_argument(
         "--target",
@@ -114,97 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
 
-    from api.serve_thread import free_port
-    from migrations.run import upgrade
-    from worker.store.crud.api_keys import create_api_key
-    from worker.store.db import make_engine, make_session_factory
-
-    made_db = None
-    db_url = args.database_url
-    if db_url is None:
-        import psycopg
-
-        made_db = f"inflight_load_{uuid.uuid4().hex[:10]}"
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{made_db}"')
-        db_url = f"postgresql://postgres@127.0.0.1:5432/{made_db}"
-    prefix = f"inflight-load-{uuid.uuid4().hex[:8]}"
-    port = args.port or free_port()
-    storage = f"/tmp/{prefix}-files"
-    procs: list[subprocess.Popen] = []
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "OMP_NUM_THREADS": "1",
-        "INFLIGHT_BEAT_INTERVAL": "5",
-    }
-    try:
-        upgrade(url=db_url)
-        engine = make_engine(url=db_url)
-        with make_session_factory(engine=engine).begin() as s:
-            _, key = create_api_key(session=s, tenant="load")
-        engine.dispose()
-        common = ["--database-url", db_url, "--redis-url", args.redis_url, "--prefix", prefix]
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "worker.cli.main",
-                    "api",
-                    "--port",
-                    str(port),
-                    *common,
-                    "--storage-dir",
-                    storage,
-                    "--workers",
-                    str(args.api_workers),
-                    "--log-level",
-                    "warning",
-                ],
-                cwd=ROOT,
-                env=env,
-            )
-        )
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "worker.cli.main",
-                    "worker" if not args.no_worker else "--help",
-                    "--model",
-                    args.model,
-                    *common,
-                    "--name",
-                    "load-worker",
-                    "--max-num-seqs",
-                    "32",
-                    "--num-kv-blocks",
-                    "1024",
-                    "--num-threads",
-                    "1",
-                    "--log-level",
-                    "WARNING",
-                ],
-                cwd=ROOT,
-                env=env,
-            )
-        )
-        base = f"http://127.0.0.1:{port}"
-        with httpx.Client(
-            base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30
-        ) as client:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if client.get("/readyz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the API did not become ready")
-                time.sleep(0.2)
+    worker_args = ("--max-num-seqs", "32", "--num-kv-blocks", "1024", "--num-threads", "1")
+    with service_stack(model=args.model, workers=0 if args.no_worker else 1,
+                       api_workers=args.api_workers, redis_url=args.redis_url,
+                       database_url=args.database_url, worker_args=worker_args,
+                       tenant="load") as stack:
+        base, key = stack.base_url, stack.api_key
+        with stack.client(timeout=30) as client:
             ids = [
                 client.post(
                     "/v1/jobs",
@@ -246,30 +158,6 @@ def main(argv: list[str] | None = None) -> int:
             f"api processes {args.api_workers}"
         )
         return 0
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        try:
-            import redis
-
-            r = redis.Redis.from_url(args.redis_url)
-            for k in r.scan_iter(match=f"{prefix}:*", count=1000):
-                r.delete(k)
-        except Exception:
-            pass
-        if made_db:
-            import psycopg
-
-            with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{made_db}" WITH (FORCE)')
-        import shutil
-
-        shutil.rmtree(storage, ignore_errors=True)
 
 
 if __name__ == "__main__":

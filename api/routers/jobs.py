@@ -40,12 +40,14 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 JobStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
-def _owned_job(ctx: Context, tenant: str, job_id: str) -> Job:
-    known_id("job", job_id)
+def _owned_job(ctx: Context, tenant: str, job_id: str, *, param: str = "id") -> Job:
+    """The tenant's job ``job_id``; 404 naming ``param`` when it is absent or another
+    tenant's (the two are not told apart)."""
+    known_id("job", job_id, param=param)
     with ctx.session_factory() as session:
         job = get_job(session=session, job_id=job_id)
     if job is None or job.tenant != tenant:
-        raise not_found("job", job_id)
+        raise not_found("job", job_id, param=param)
     return job
 
 
@@ -180,19 +182,36 @@ def get_one(*, job_id: str, ctx: CtxDep, tenant: TenantDep) -> dict[str, Any]:
     return job_view(found[0], model_name=ctx.settings.model_name, meta=found[1])
 
 
+def _refuse_offset(offset: str | None) -> None:
+    """400 for the retired ``offset``: silently ignoring it would answer page 1 again."""
+    if offset is not None:
+        raise ApiError(
+            400,
+            "offset is not supported: the listing pages with a cursor; pass after=<last_id "
+            "of the previous page> (has_more tells whether there is one)",
+            code="unsupported_field",
+            param="offset",
+        )
+
+
 @router.get("", operation_id="listJobs")
 def list_all(
     *,
     status: JobStatusName | None = None,
     batch_id: str | None = Query(None, max_length=64),
     limit: int = Query(100, ge=1, le=1000),
-    offset: int = Query(0, ge=0, le=10_000_000),
+    after: str | None = Query(None, max_length=64),
+    offset: str | None = Query(None, include_in_schema=False),
     ctx: CtxDep,
     tenant: TenantDep,
 ) -> dict[str, Any]:
-    """The tenant's jobs in queue order, filtered by status and batch, paginated."""
+    """The tenant's jobs in queue order, filtered by status and batch (cursor: ``after`` =
+    last id seen, one of the tenant's own jobs)."""
+    _refuse_offset(offset)
     if batch_id is not None:
         owned_batch(ctx, tenant, batch_id, param="batch_id")
+    if after is not None:
+        _owned_job(ctx, tenant, after, param="after")
     with ctx.session_factory() as session:
         rows = list_jobs(
             session=session,
@@ -200,15 +219,16 @@ def list_all(
             tenant=tenant,
             batch_id=batch_id,
             limit=limit + 1,
-            offset=offset,
+            after=after,
         )
     has_more = len(rows) > limit
     rows = rows[:limit]
     return {
         "object": "list",
         "data": [job_view(j, model_name=ctx.settings.model_name, full=False) for j in rows],
+        "first_id": rows[0].id if rows else None,
+        "last_id": rows[-1].id if rows else None,
         "has_more": has_more,
-        "next_offset": offset + len(rows) if has_more else None,
     }
 
 

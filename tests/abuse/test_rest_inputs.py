@@ -161,7 +161,9 @@ def test_bad_path_ids_and_cursors(suite_env: ApiEnv, auth: dict[str, str]) -> No
     _refused(c.get("/v1/batches?after=nope", headers=auth), 404, "not_found", "after")
     _refused(c.get("/v1/jobs?batch_id=nope", headers=auth), 404, "not_found", "batch_id")
     _refused(c.get("/v1/jobs?limit=0", headers=auth), 400, "invalid_request", "limit")
-    _refused(c.get("/v1/jobs?offset=-1", headers=auth), 400, "invalid_request", "offset")
+    _refused(c.get("/v1/jobs?after=nope", headers=auth), 404, "not_found", "after")
+    _refused(c.get("/v1/jobs?after=" + "x" * 65, headers=auth), 400, "invalid_request", "after")
+    _refused(c.get("/v1/jobs?offset=-1", headers=auth), 400, "unsupported_field", "offset")
 
 
 def test_metadata_and_user_are_kept_and_returned(suite_env: ApiEnv, auth: dict[str, str]) -> None:

@@ -3,6 +3,11 @@ tenant isolation, health and metrics."""
 
 from __future__ import annotations
 
+import json
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
 import pytest
 
 from tests.api.conftest import OPERATOR_KEY, ApiEnv
@@ -49,9 +54,11 @@ def test_submit_get_list_cancel(env: ApiEnv) -> None:
         for i in range(4)
     ]
     page1 = c.get("/v1/jobs", params={"limit": 3}, headers=h).json()
-    page2 = c.get("/v1/jobs", params={"limit": 3, "offset": 3}, headers=h).json()
+    page2 = c.get("/v1/jobs", params={"limit": 3, "after": page1["last_id"]}, headers=h).json()
     assert page1["has_more"] and not page2["has_more"]
     assert [j["id"] for j in page1["data"] + page2["data"]] == [job["id"], *ids]
+    assert (page1["first_id"], page1["last_id"]) == (job["id"], ids[1])
+    assert (page2["first_id"], page2["last_id"]) == (ids[2], ids[3])
     cancelled = c.delete(f"/v1/jobs/{job['id']}", headers=h).json()
     assert cancelled["status"] == "cancelled"
     listed = c.get("/v1/jobs", params={"status": "cancelled"}, headers=h).json()["data"]
@@ -175,6 +182,155 @@ def test_jobs_cli_counts_only_the_tenant(env: ApiEnv, capsys: pytest.CaptureFixt
     lines = capsys.readouterr().out.splitlines()
     assert sorted(line.split()[0] for line in lines[1:-1]) == sorted(ids)
     assert lines[-1] == "cancelled=1  queued=1"
+
+
+def _seed_ties(env: ApiEnv, tenant: str, groups: int, per_group: int, **job: Any) -> list[str]:
+    """``groups`` x ``per_group`` jobs of ``tenant`` straight into the store, the jobs of a
+    group sharing one queued_at (their ids decide the order); the ids in queue order."""
+    from worker.store.crud.jobs import create_jobs
+    from worker.store.schemas import NewJob
+
+    start = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    ordered: list[str] = []
+    with env.ctx.session_factory.begin() as s:
+        for g in range(groups):
+            new = [NewJob(request={"url": "/v1/completions", "body": {"prompt": "p"}},
+                          tenant=tenant, **job) for _ in range(per_group)]
+            ordered += sorted(create_jobs(session=s, jobs=new, now=start + timedelta(seconds=g)))
+    return ordered
+
+
+def _walk_api(env: ApiEnv, headers: dict[str, str], **params: Any) -> list[str]:
+    """Every id ``GET /v1/jobs`` lists, following ``last_id`` while ``has_more``; checks
+    each page's ``first_id`` / ``last_id`` against its data."""
+    seen: list[str] = []
+    while True:
+        cursor = {"after": seen[-1]} if seen else {}
+        r = env.client.get("/v1/jobs", params={**params, **cursor}, headers=headers)
+        assert r.status_code == 200, r.text
+        page = r.json()
+        ids = [j["id"] for j in page["data"]]
+        assert (page["first_id"], page["last_id"]) == ((ids[0], ids[-1]) if ids else (None, None))
+        seen += ids
+        assert len(seen) < 1000, "the walk does not end"  # the seeds are far fewer
+        if not page["has_more"]:
+            return seen
+
+
+def test_listing_walks_ties_once_in_order_with_filters(env: ApiEnv) -> None:
+    """Paging with ``after`` lists every job exactly once, in queue order, also where many
+    share one queued_at; status and batch filters combine with the cursor."""
+    from worker.store.crud.batches import create_batch
+    from worker.store.crud.jobs import start_jobs
+
+    mine, other = f"t-keys-{uuid.uuid4().hex[:8]}", f"t-keys-{uuid.uuid4().hex[:8]}"
+    with env.ctx.session_factory.begin() as s:
+        batch_id = create_batch(session=s, tenant=mine, endpoint="/v1/completions").id
+    plain = _seed_ties(env, mine, groups=3, per_group=6)
+    batched = _seed_ties(env, mine, groups=2, per_group=4, batch_id=batch_id)
+    _seed_ties(env, other, groups=3, per_group=5)  # the same instants, another tenant
+    with env.ctx.session_factory.begin() as s:
+        start_jobs(session=s, job_ids=plain[::4] + batched[1:2], worker_id="w-keys")
+    with env.ctx.session_factory() as s:  # the expected order, from the stored instants
+        from worker.store.models import Job
+
+        key = {j.id: (j.queued_at, j.id) for j in s.query(Job).filter(Job.tenant == mine)}
+    everything = sorted(key, key=key.__getitem__)
+    assert len(everything) == len(plain) + len(batched) == 26
+    h = env.auth(mine)
+    for limit in (1, 5, 6, 26, 1000):
+        assert _walk_api(env, h, limit=limit) == everything
+    assert _walk_api(env, h, limit=2, status="running") == sorted(
+        plain[::4] + batched[1:2], key=key.__getitem__
+    )
+    assert _walk_api(env, h, limit=3, batch_id=batch_id) == batched
+    assert _walk_api(env, h, limit=3, batch_id=batch_id, status="queued") == [
+        i for i in batched if i != batched[1]
+    ]
+    last = env.client.get("/v1/jobs", params={"after": everything[-1]}, headers=h).json()
+    assert (last["data"], last["first_id"], last["last_id"], last["has_more"]) == (
+        [], None, None, False
+    )
+
+
+def test_listing_cursor_must_be_the_tenants_own_job(env: ApiEnv) -> None:
+    """Another tenant's job id as ``after`` answers exactly what an unknown id does (as a
+    batch cursor does), so no tenant can probe another's ids."""
+    c, ha, hb = env.client, env.auth("t-cur-a"), env.auth("t-cur-b")
+    theirs = c.post("/v1/jobs", json=CHAT, headers=hb).json()["id"]
+    unknown = "job_" + "0" * 32
+
+    def refusal(job_id: str) -> dict[str, Any]:
+        return _is_openai_error(
+            c.get("/v1/jobs", params={"after": job_id}, headers=ha), 404, code="not_found",
+            param="after",
+        )
+
+    assert refusal(theirs) == {**refusal(unknown), "message": f"No job with id {theirs!r}"}
+    assert refusal(unknown)["message"] == f"No job with id {unknown!r}"
+    refusal("job_%00")  # never reaches SQL
+    assert c.get("/v1/jobs", params={"after": theirs}, headers=hb).status_code == 200
+    # the batch cursor answers the same shape for the same probe
+    batch_err = _is_openai_error(
+        c.get("/v1/batches", params={"after": theirs}, headers=ha), 404, param="after"
+    )
+    assert {k: v for k, v in batch_err.items() if k != "message"} == {
+        k: v for k, v in refusal(theirs).items() if k != "message"
+    }
+
+
+def test_listing_refuses_offset(env: ApiEnv) -> None:
+    """``offset`` is gone: a request still sending it gets a 400 naming ``after`` instead of
+    page 1 again."""
+    c, h = env.client, env.auth("t-offset")
+    c.post("/v1/jobs", json=CHAT, headers=h)
+    for value in ("0", "3", "-1", ""):
+        err = _is_openai_error(
+            c.get("/v1/jobs", params={"offset": value, "limit": 1}, headers=h), 400,
+            code="unsupported_field", param="offset",
+        )
+        assert "after" in err["message"]
+    assert "offset" not in {
+        p["name"] for p in c.get("/openapi.json").json()["paths"]["/v1/jobs"]["get"]["parameters"]
+    }
+
+
+def _cli(env: ApiEnv, capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, list[str]]:
+    """Run ``inflight jobs ARGV`` on the test database; its exit status and stdout lines."""
+    import argparse
+
+    from worker.cli import jobs_cmd
+
+    parser = argparse.ArgumentParser()
+    jobs_cmd.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["jobs", *argv, "--database-url", env.settings.database_url])
+    capsys.readouterr()
+    rc = args.func(args)
+    return rc, capsys.readouterr().out.splitlines()
+
+
+def test_jobs_cli_limit_0_prints_every_row(env: ApiEnv, capsys: pytest.CaptureFixture) -> None:
+    """``inflight jobs --limit 0`` streams every matching row over several 1,000-row pages,
+    ties included, in order and once each; ``--after`` and a positive ``--limit`` cut it."""
+    from worker.cli import jobs_cmd
+
+    tenant = f"t-cli-all-{uuid.uuid4().hex[:8]}"
+    ids = _seed_ties(env, tenant, groups=3, per_group=900)  # 2,700 rows: 3 pages
+    _seed_ties(env, f"t-cli-other-{uuid.uuid4().hex[:8]}", groups=3, per_group=50)
+    assert len(ids) > 2 * jobs_cmd.PAGE
+    rc, lines = _cli(env, capsys, "--tenant", tenant, "--limit", "0", "--json")
+    assert rc == 0 and [json.loads(line)["id"] for line in lines] == ids
+    rc, lines = _cli(env, capsys, "--tenant", tenant, "--limit", "0")
+    assert rc == 0 and [line.split()[0] for line in lines[1:-1]] == ids
+    assert lines[0].split()[0] == "ID" and lines[-1] == f"queued={len(ids)}"
+    rc, lines = _cli(env, capsys, "--tenant", tenant, "--limit", "0", "--json",
+                     "--after", ids[1000])
+    assert rc == 0 and [json.loads(line)["id"] for line in lines] == ids[1001:]
+    rc, lines = _cli(env, capsys, "--tenant", tenant, "--limit", "1500", "--json")
+    assert rc == 0 and [json.loads(line)["id"] for line in lines] == ids[:1500]
+    assert _cli(env, capsys, "--tenant", tenant, "--after", "job_missing") == (1, [])
+    with pytest.raises(SystemExit):
+        _cli(env, capsys, "--limit", "-1")
 
 
 def test_tenant_isolation(env: ApiEnv) -> None:

@@ -44,3 +44,34 @@ def test_migrations_match_models(backend: str, request: pytest.FixtureRequest) -
     engine.dispose()
     upgrade(url=url)  # and up again
     assert _diff(url) == []
+
+
+def _job_indexes(url: str) -> dict[str | None, list[str | None]]:
+    engine = make_engine(url=url)
+    try:
+        return {ix["name"]: list(ix["column_names"]) for ix in inspect(engine).get_indexes("jobs")}
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.services
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_listing_indexes_replace_their_prefixes_and_come_back(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    """0007 adds the keyset listing's indexes and drops (tenant, status) and (batch_id),
+    their prefixes; going back to 0006 restores exactly the old set."""
+    url = request.getfixturevalue("sqlite_url" if backend == "sqlite" else "pg_url")
+    upgrade(url=url, revision="0006")
+    before = _job_indexes(url)
+    assert before["ix_jobs_tenant_status"] == ["tenant", "status"]
+    assert before["ix_jobs_batch_id"] == ["batch_id"]
+    upgrade(url=url)
+    after = _job_indexes(url)
+    assert after["ix_jobs_queued_at_id"] == ["queued_at", "id"]
+    assert after["ix_jobs_tenant_queued_at_id"] == ["tenant", "queued_at", "id"]
+    assert after["ix_jobs_tenant_status_queued_at_id"] == ["tenant", "status", "queued_at", "id"]
+    assert after["ix_jobs_batch_id_queued_at_id"] == ["batch_id", "queued_at", "id"]
+    assert "ix_jobs_tenant_status" not in after and "ix_jobs_batch_id" not in after
+    downgrade(url=url, revision="0006")
+    assert _job_indexes(url) == before

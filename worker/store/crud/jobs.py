@@ -8,10 +8,21 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, bindparam, case, func, insert, select, text, update
+from sqlalchemy import (
+    JSON,
+    ColumnElement,
+    bindparam,
+    case,
+    func,
+    insert,
+    select,
+    text,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from worker.store.base import UTCDateTime, utcnow
 from worker.store.job_lifecycle import OPEN, sources
@@ -87,9 +98,11 @@ def list_jobs(
     tenant: str | None = None,
     batch_id: str | None = None,
     limit: int = 100,
-    offset: int = 0,
+    after: str | None = None,
 ) -> list[Job]:
-    """Jobs in queue order, optionally filtered by status, tenant and batch."""
+    """Jobs in queue order ((queued_at, id)), optionally filtered by status, tenant and batch.
+    ``after`` is a job id, the cursor: only rows strictly after that job in that order (none
+    when no job has that id). A keyset, so a deep page costs what the first one does."""
     stmt = select(Job)
     if status is not None:
         stmt = stmt.where(Job.status == status)
@@ -97,8 +110,19 @@ def list_jobs(
         stmt = stmt.where(Job.tenant == tenant)
     if batch_id is not None:
         stmt = stmt.where(Job.batch_id == batch_id)
-    stmt = stmt.order_by(Job.queued_at, Job.id).limit(limit).offset(offset)
+    if after is not None:
+        stmt = stmt.where(after_job(after))
+    stmt = stmt.order_by(Job.queued_at, Job.id).limit(limit)
     return list(session.scalars(stmt))
+
+
+def after_job(job_id: str) -> ColumnElement[bool]:
+    """``(queued_at, id) > (that job's queued_at, id)`` as one row-value comparison against a
+    row subquery (PostgreSQL, and SQLite from 3.15): one statement, served by the indexes
+    ending in (queued_at, id). NULL, so no row, when there is no job ``job_id``."""
+    anchor = aliased(Job, name="anchor")  # not correlated with the outer ``jobs``
+    position = select(anchor.queued_at, anchor.id).where(anchor.id == job_id).scalar_subquery()
+    return tuple_(Job.queued_at, Job.id) > position
 
 
 def count_by_status(

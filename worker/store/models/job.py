@@ -62,9 +62,16 @@ class Job(Base):
     # a cancel asked for while the job ran: the record a worker honours (Redis only signals)
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
+    # The listing (crud.jobs.list_jobs) walks (queued_at, id) with a keyset: no filter (the
+    # operator's ``inflight jobs``) and each filter it takes have an index ending in those two
+    # columns, so a page is a range scan wherever it starts. The tenant/status and batch ones
+    # also serve what the shorter indexes they replaced did (migration 0007): counts per
+    # tenant and status, a batch's jobs.
     __table_args__ = (
         Index(None, "status", "queued_at"),
-        Index(None, "batch_id"),
-        Index(None, "tenant", "status"),
+        Index(None, "queued_at", "id"),
+        Index(None, "tenant", "queued_at", "id"),
+        Index(None, "tenant", "status", "queued_at", "id"),
+        Index(None, "batch_id", "queued_at", "id"),
         Index(None, "worker_id", "first_step", "last_step"),
     )
