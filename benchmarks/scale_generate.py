@@ -7,7 +7,7 @@ throughput next to ``LLM.generate`` on the same requests.
 Each size gets a file of that many OpenAI Batch chat lines (the chat workload's shared
 system prompt and user turns, cycled; output lengths cycled through ``--lengths``, greedy,
 ``ignore_eos``). ``inflight generate`` runs on it as a subprocess whose resident memory is
-sampled every 0.2 s; then a subprocess runs ``LLM.generate`` on the same requests (all
+sampled every 0.2 s (the series is kept in the JSON); then a subprocess runs ``LLM.generate`` on the same requests (all
 added at once, as that API does). Both report tokens/s after the model has loaded. Not a
 test: it prints a Markdown table and the fitted slope of wall time against line count.
 """
@@ -68,14 +68,7 @@ def run_cli(path: Path, out: Path, model: str, threads: int) -> dict[str, Any]:
     with out.open(encoding="utf-8") as f:
         ok = sum(1 for line in f if json.loads(line)["response"]["status_code"] == 200)
     return {"wall_s": wall, "tokens": int(tokens), "tok_s": float(tok_s), "ok_lines": ok,
-            "peak_rss": rss.peak, "rss_quartiles": _quartiles(rss.series)}
-
-
-def _quartiles(series: list[tuple[float, int]]) -> list[int]:
-    """Resident memory at 25, 50, 75 and 100 % of the run's samples."""
-    if not series:
-        return []
-    return [series[min(len(series) - 1, int(q * len(series)))][1] for q in (0.25, 0.5, 0.75, 1.0)]
+            "peak_rss": rss.peak, "rss_series": rss.series}
 
 
 def run_llm(path: Path, model: str, threads: int) -> dict[str, Any]:
@@ -116,14 +109,12 @@ def report(rows: list[dict[str, Any]], cpu: dict[str, Any]) -> str:
     fit = fit_line([r["lines"] for r in rows], [r["cli"]["wall_s"] for r in rows])
     mb = 1 / 2**20
     out = ["| lines | `inflight generate` wall s | tok/s | `LLM.generate` tok/s | ratio | "
-           "peak RSS MB (generate / LLM) | RSS at 25/50/75/100 % of the run, MB |",
-           "|---|---|---|---|---|---|---|"]
+           "peak RSS MB (generate / LLM) |", "|---|---|---|---|---|---|"]
     for r in rows:
         cli, llm = r["cli"], r["llm"]
-        quart = " / ".join(f"{q * mb:.0f}" for q in cli["rss_quartiles"])
         out.append(f"| {r['lines']:,} | {cli['wall_s']:.1f} | {cli['tok_s']:.1f} | "
                    f"{llm['tok_s']:.1f} | {cli['tok_s'] / llm['tok_s']:.3f} | "
-                   f"{cli['peak_rss'] * mb:.0f} / {llm['peak_rss'] * mb:.0f} | {quart} |")
+                   f"{cli['peak_rss'] * mb:.0f} / {llm['peak_rss'] * mb:.0f} |")
     out.append("")
     out.append(f"Wall time fit: {fit.slope * 1000:.2f} s per 1,000 lines + {fit.intercept:.1f} s; "
                f"worst point {fit.worst_ratio:.3f}x the fit; marginal cost per line "

@@ -13,8 +13,13 @@ with the batch it is in (the engine's batch invariance holds; tests check it).
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
+
+PRIMITIVE_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+PRIMITIVE_CACHE_CAPACITY = 16  # oneDNN's default is 1,024
 
 
 def onednn_available() -> bool:
@@ -43,15 +48,34 @@ class PackedLinear(nn.Module):
         )
 
 
+def cap_primitive_cache() -> None:
+    """Keep oneDNN's primitive cache small unless the user chose a size.
+
+    oneDNN caches one primitive per (layer shape, row count), and a continuous batch's row
+    count changes nearly every step, so the default capacity of 1,024 grows to about
+    200 MB over a run of the chat workload (peak RSS 2,481 -> 2,302 MiB with 16) for no
+    speed: making a primitive costs microseconds against a step's tens of milliseconds
+    (363.8 and 383.0 tok/s in the same session). oneDNN reads the variable when it makes
+    its cache, at the first primitive, so this runs before any weight is packed.
+    """
+    os.environ.setdefault(PRIMITIVE_CACHE_ENV, str(PRIMITIVE_CACHE_CAPACITY))
+
+
 def pack_linears(module: nn.Module) -> int:
     """Replace every ``nn.Linear`` under ``module`` by a :class:`PackedLinear`; returns how
     many were replaced. A weight shared with another module (tied embeddings) stays shared
-    there; the packed copy serves only the matmul."""
+    there; the packed copy serves only the matmul. Caps oneDNN's primitive cache first
+    (:func:`cap_primitive_cache`)."""
+    cap_primitive_cache()
+    return _pack(module)
+
+
+def _pack(module: nn.Module) -> int:
     replaced = 0
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):
             setattr(module, name, PackedLinear(child))
             replaced += 1
         else:
-            replaced += pack_linears(child)
+            replaced += _pack(child)
     return replaced
