@@ -28,6 +28,7 @@ from typing import Any
 from benchmarks.harness.linear_fit import fit_line
 from benchmarks.harness.machine import RssSampler, cpu_description
 from benchmarks.make_chat_workload import SYSTEM_PROMPT, read_turns
+from worker.cli.engine_flags import parse_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,10 +50,13 @@ def write_input(path: Path, count: int, lengths: list[int]) -> int:
     return asked
 
 
-def run_cli(path: Path, out: Path, model: str, threads: int) -> dict[str, Any]:
+def run_cli(path: Path, out: Path, model: str, threads: int, kv_bytes: int | None
+            ) -> dict[str, Any]:
     """``inflight generate`` on ``path``; its wall time, tok/s after load and memory."""
     cmd = [sys.executable, "-m", "worker.cli.main", "generate", str(path), "-o", str(out),
            "--no-resume", "--model", model, "--num-threads", str(threads)]
+    if kv_bytes is not None:
+        cmd += ["--kv-cache-memory", str(kv_bytes)]
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
@@ -71,11 +75,13 @@ def run_cli(path: Path, out: Path, model: str, threads: int) -> dict[str, Any]:
             "peak_rss": rss.peak, "rss_series": rss.series}
 
 
-def run_llm(path: Path, model: str, threads: int) -> dict[str, Any]:
+def run_llm(path: Path, model: str, threads: int, kv_bytes: int | None) -> dict[str, Any]:
     """``LLM.chat`` (the chat form of ``LLM.generate``) on the same requests in a
     subprocess (see :func:`llm_child`)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--llm-child", str(path),
            "--model", model, "--threads", str(threads)]
+    if kv_bytes is not None:
+        cmd += ["--kv-cache-memory", str(kv_bytes)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     with RssSampler(interval=0.2, pid=proc.pid) as rss:
@@ -85,7 +91,7 @@ def run_llm(path: Path, model: str, threads: int) -> dict[str, Any]:
     return {**json.loads(out.strip().splitlines()[-1]), "peak_rss": rss.peak}
 
 
-def llm_child(path: str, model: str, threads: int) -> None:
+def llm_child(path: str, model: str, threads: int, kv_bytes: int | None) -> None:
     """Load the model, then time ``LLM.chat`` on every line of ``path``; prints JSON."""
     import torch
 
@@ -93,7 +99,7 @@ def llm_child(path: str, model: str, threads: int) -> None:
     from worker.protocol.openai_batch import parse_request_line
 
     torch.set_num_threads(threads)
-    llm = LLM(model)
+    llm = LLM(model, kv_cache_memory=kv_bytes)
     requests = [parse_request_line(line, line_number=i)
                 for i, line in enumerate(Path(path).read_text().splitlines(), start=1)]
     started = time.perf_counter()  # tokenizing is timed too, as in ``inflight generate``
@@ -130,11 +136,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="tiny-llama")
     p.add_argument("--lengths", default="4,8,16,8", help="max_tokens, cycled over the lines")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--kv-cache-memory", type=parse_bytes, default=None, metavar="SIZE",
+                   help="the KV pool of both (default: the engine's); a tiny model's 1 GiB "
+                        "pool has ~350k blocks, whose prefix-cache index fills over a long "
+                        "run, so its memory is not flat until the pool has cycled once")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     p.add_argument("--llm-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.llm_child:
-        llm_child(args.llm_child, args.model, args.threads)
+        llm_child(args.llm_child, args.model, args.threads, args.kv_cache_memory)
         return 0
     lengths = [int(x) for x in args.lengths.split(",")]
     rows = []
@@ -142,11 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         for size in (int(x) for x in args.sizes.split(",")):
             path, out = Path(tmp) / f"in-{size}.jsonl", Path(tmp) / f"out-{size}.jsonl"
             asked = write_input(path, size, lengths)
-            cli = run_cli(path, out, args.model, args.threads)
+            cli = run_cli(path, out, args.model, args.threads, args.kv_cache_memory)
             if cli["ok_lines"] != size or cli["tokens"] != asked:
                 raise RuntimeError(f"{size} lines: {cli['ok_lines']} ok, {cli['tokens']} tokens "
                                    f"of {asked}")
-            llm = run_llm(path, args.model, args.threads)
+            llm = run_llm(path, args.model, args.threads, args.kv_cache_memory)
             rows.append({"lines": size, "tokens": asked, "cli": cli, "llm": llm})
             print(f"{size} lines: generate {cli['wall_s']:.1f}s {cli['tok_s']:.1f} tok/s, "
                   f"LLM.generate {llm['tok_s']:.1f} tok/s", file=sys.stderr)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from torch import nn
 
 from worker.engine.models.cpu_linear import (
     PRIMITIVE_CACHE_CAPACITY,
-    PRIMITIVE_CACHE_ENV,
+    PRIMITIVE_CACHE_ENVS,
     PackedLinear,
     onednn_available,
     pack_linears,
@@ -30,11 +32,39 @@ def test_packed_linears_match_nn_linear_at_every_row_count() -> None:
         torch.testing.assert_close(model(x[:rows]), expected[:rows], rtol=1e-5, atol=1e-5)
 
 
-def test_packing_caps_the_primitive_cache_unless_the_user_chose_a_size(monkeypatch) -> None:
-    monkeypatch.delenv(PRIMITIVE_CACHE_ENV, raising=False)
+@pytest.mark.parametrize("name", PRIMITIVE_CACHE_ENVS)
+def test_packing_caps_the_primitive_caches_unless_the_user_chose_a_size(monkeypatch,
+                                                                        name: str) -> None:
+    for each in PRIMITIVE_CACHE_ENVS:
+        monkeypatch.delenv(each, raising=False)
     pack_linears(nn.Linear(8, 8))
-    assert PRIMITIVE_CACHE_CAPACITY < 1024  # oneDNN's own default
-    assert int(os.environ[PRIMITIVE_CACHE_ENV]) == PRIMITIVE_CACHE_CAPACITY
-    monkeypatch.setenv(PRIMITIVE_CACHE_ENV, "300")
+    assert PRIMITIVE_CACHE_CAPACITY < 1024  # the libraries' own default
+    assert int(os.environ[name]) == PRIMITIVE_CACHE_CAPACITY
+    monkeypatch.setenv(name, "300")
     pack_linears(nn.Linear(8, 8))
-    assert os.environ[PRIMITIVE_CACHE_ENV] == "300"
+    assert os.environ[name] == "300"
+
+
+def test_memory_stays_flat_over_many_row_counts() -> None:
+    """The caps are read at the first primitive, so a fresh process checks them: packed
+    matmuls at 400 distinct row counts must not keep a primitive per count."""
+    code = (
+        "import torch\n"
+        "from torch import nn\n"
+        "from benchmarks.harness.machine import current_rss_bytes\n"
+        "from worker.engine.models.cpu_linear import pack_linears\n"
+        "model = nn.Sequential(nn.Linear(576, 1536), nn.Linear(1536, 576))\n"
+        "pack_linears(model)\n"
+        "torch.set_num_threads(1)\n"
+        "def run(lo, hi):\n"
+        "    for rows in range(lo, hi):\n"
+        "        model(torch.randn(rows, 576))\n"
+        "run(1, 40)\n"
+        "before = current_rss_bytes()\n"
+        "run(40, 440)\n"
+        "print((current_rss_bytes() - before) >> 20)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in PRIMITIVE_CACHE_ENVS}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, check=True)
+    assert int(out.stdout.strip()) < 40, out.stdout  # MiB grown over 400 new row counts

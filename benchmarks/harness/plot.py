@@ -46,3 +46,38 @@ def plot_occupancy(path: str | Path, series: Mapping[str, Sequence[int]], *, slo
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+Series = Mapping[str, tuple[Sequence[float], Sequence[float]]]  # label -> (xs, ys)
+
+
+def plot_panels(path: str | Path, panels: Sequence[tuple[str, str, str, Series]], *,
+                title: str) -> None:
+    """Draw one log-log panel per ``(title, x label, y label, series)`` side by side, each
+    series as points joined by a line, with a dotted slope-1 guide through its first
+    point: a cost that grows linearly runs parallel to its guide."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise RuntimeError(MISSING_MATPLOTLIB) from exc
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.8), dpi=100)
+    for ax, (panel_title, xlabel, ylabel, series) in zip(axes, panels, strict=True):
+        for label, (xs, ys) in series.items():
+            line = ax.plot(xs, ys, marker="o", linewidth=1.2, label=label)[0]
+            guide = [ys[0] * x / xs[0] for x in xs]
+            ax.plot(xs, guide, linestyle=":", linewidth=0.9, color=line.get_color())
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(panel_title, fontsize=9)
+        ax.legend(fontsize=7, loc="upper left")
+        ax.grid(alpha=0.3, which="both")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

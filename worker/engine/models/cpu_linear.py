@@ -18,8 +18,10 @@ import os
 import torch
 from torch import nn
 
-PRIMITIVE_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
-PRIMITIVE_CACHE_CAPACITY = 16  # oneDNN's default is 1,024
+# oneDNN's primitive cache and the cache of ideep (torch's oneDNN wrapper, which the packed
+# linear ops go through); both default to 1,024 entries.
+PRIMITIVE_CACHE_ENVS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+PRIMITIVE_CACHE_CAPACITY = 16
 
 
 def onednn_available() -> bool:
@@ -49,16 +51,19 @@ class PackedLinear(nn.Module):
 
 
 def cap_primitive_cache() -> None:
-    """Keep oneDNN's primitive cache small unless the user chose a size.
+    """Keep oneDNN's and ideep's primitive caches small unless the user chose a size.
 
-    oneDNN caches one primitive per (layer shape, row count), and a continuous batch's row
-    count changes nearly every step, so the default capacity of 1,024 grows to about
-    200 MB over a run of the chat workload (peak RSS 2,481 -> 2,302 MiB with 16) for no
-    speed: making a primitive costs microseconds against a step's tens of milliseconds
-    (363.8 and 383.0 tok/s in the same session). oneDNN reads the variable when it makes
-    its cache, at the first primitive, so this runs before any weight is packed.
+    Both cache one primitive (with its buffers) per (layer shape, row count), and a
+    continuous batch's row count changes nearly every step, so at their default of 1,024
+    entries they only grow: the oneDNN cache by about 180 MB over the chat workload (peak
+    RSS 2,481 -> 2,302 MiB with 16), the ideep cache by about 300 MB over 20,000 short
+    requests of the tiny model (712 MiB against a flat 424 with 16). Making a primitive
+    costs microseconds against a step's milliseconds, so small caches cost no speed
+    (docs/benchmarks.md). Both libraries read their variable when they make the cache, at
+    the first primitive, so this runs before any weight is packed.
     """
-    os.environ.setdefault(PRIMITIVE_CACHE_ENV, str(PRIMITIVE_CACHE_CAPACITY))
+    for name in PRIMITIVE_CACHE_ENVS:
+        os.environ.setdefault(name, str(PRIMITIVE_CACHE_CAPACITY))
 
 
 def pack_linears(module: nn.Module) -> int:
