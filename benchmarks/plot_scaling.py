@@ -4,8 +4,9 @@
         --batch docs/bench_scale_batch.json --listing docs/bench_listing_scale.json \
         --out docs/bench_scaling.png
 
-Log-log axes with a dotted slope-1 guide per curve: a stage whose cost grows linearly with
-the work runs parallel to its guide; a quadratic one bends away from it. Needs matplotlib
+Log-log axes with each curve's least-squares line (fixed cost + cost per unit) dotted: a
+stage whose cost grows linearly with the work sits on its dotted curve; a quadratic one
+bends away above it. Needs matplotlib
 (``pip install 'inflight[bench]'``).
 """
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
          batch_panel(load(args.batch))),
         ("job listing", "tenant rows", "seconds", listing_panel(load(args.listing))),
     ]
-    plot_panels(args.out, panels, title="Cost against the work (dotted: linear from the first point)")
+    plot_panels(args.out, panels, title="Cost against the work (dotted: each curve's least-squares line)")
     print(f"wrote {args.out}")
     return 0
 

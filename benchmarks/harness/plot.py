@@ -10,6 +10,8 @@ import importlib.util
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from benchmarks.harness.linear_fit import fit_line
+
 MISSING_MATPLOTLIB = "plots need matplotlib: pip install 'inflight[bench]'"
 
 
@@ -54,8 +56,8 @@ Series = Mapping[str, tuple[Sequence[float], Sequence[float]]]  # label -> (xs, 
 def plot_panels(path: str | Path, panels: Sequence[tuple[str, str, str, Series]], *,
                 title: str) -> None:
     """Draw one log-log panel per ``(title, x label, y label, series)`` side by side, each
-    series as points joined by a line, with a dotted slope-1 guide through its first
-    point: a cost that grows linearly runs parallel to its guide."""
+    series as points joined by a line, with its least-squares line ``a + b * x`` dotted
+    (on a denser grid): a cost that grows linearly sits on its dotted curve."""
     try:
         import matplotlib
     except ImportError as exc:
@@ -68,8 +70,10 @@ def plot_panels(path: str | Path, panels: Sequence[tuple[str, str, str, Series]]
     for ax, (panel_title, xlabel, ylabel, series) in zip(axes, panels, strict=True):
         for label, (xs, ys) in series.items():
             line = ax.plot(xs, ys, marker="o", linewidth=1.2, label=label)[0]
-            guide = [ys[0] * x / xs[0] for x in xs]
-            ax.plot(xs, guide, linestyle=":", linewidth=0.9, color=line.get_color())
+            fit = fit_line(xs, ys)
+            grid = [xs[0] * (xs[-1] / xs[0]) ** (i / 40) for i in range(41)]
+            ax.plot(grid, [max(fit.intercept + fit.slope * x, ys[0] * 0.5) for x in grid],
+                    linestyle=":", linewidth=0.9, color=line.get_color())
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel(xlabel)
