@@ -28,7 +28,6 @@ from typing import Any
 from benchmarks.harness.linear_fit import fit_line
 from benchmarks.harness.machine import RssSampler, cpu_description
 from benchmarks.make_chat_workload import SYSTEM_PROMPT, read_turns
-from worker.cli.engine_flags import parse_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,7 +80,7 @@ def run_llm(path: Path, model: str, threads: int, kv_bytes: int | None) -> dict[
     cmd = [sys.executable, str(Path(__file__).resolve()), "--llm-child", str(path),
            "--model", model, "--threads", str(threads)]
     if kv_bytes is not None:
-        cmd += ["--kv-cache-memory", str(kv_bytes)]
+        cmd += ["--kv-cache-mib", str(kv_bytes >> 20)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     with RssSampler(interval=0.2, pid=proc.pid) as rss:
@@ -136,13 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="tiny-llama")
     p.add_argument("--lengths", default="4,8,16,8", help="max_tokens, cycled over the lines")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--kv-cache-memory", type=parse_bytes, default=None, metavar="SIZE",
-                   help="the KV pool of both (default: the engine's); a tiny model's 1 GiB "
+    p.add_argument("--kv-cache-mib", type=int, default=None, metavar="MIB",
+                   help="the KV pool of both, in MiB (default: the engine's); a tiny model's 1 GiB "
                         "pool has ~350k blocks, whose prefix-cache index fills over a long "
                         "run, so its memory is not flat until the pool has cycled once")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     p.add_argument("--llm-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.kv_cache_memory = args.kv_cache_mib << 20 if args.kv_cache_mib else None
     if args.llm_child:
         llm_child(args.llm_child, args.model, args.threads, args.kv_cache_memory)
         return 0
