@@ -253,6 +253,23 @@ def test_only_bad_lines_need_no_engine(tmp_path):
     assert all(r["response"]["status_code"] == 400 for r in rows.values())
 
 
+def test_a_model_path_that_does_not_exist_is_a_clear_error(tmp_path, capsys):
+    inp = write_lines(tmp_path / "in.jsonl", [{"prompt": "x", "max_tokens": 2}])
+    missing = tmp_path / "no-checkpoint-here"
+    assert main(["generate", str(inp), "-o", str(tmp_path / "o.jsonl"), "--model", str(missing),
+                 "-q"]) == 1
+    err = capsys.readouterr().err
+    assert f"could not load the model '{missing}'" in err and "not a checkpoint" in err
+
+
+def test_a_finished_output_is_nothing_to_do_and_loads_no_model(tmp_path, capsys):
+    inp = write_lines(tmp_path / "in.jsonl", [{"custom_id": "a", "prompt": "x"}])
+    out = write_lines(tmp_path / "out.jsonl", [{"custom_id": "a", "response": {}}])
+    assert main(["generate", str(inp), "-o", str(out), "--model", "no-such-model"]) == 0
+    err = capsys.readouterr().err
+    assert "resuming: 1 line(s) already in" in err and "nothing to do" in err
+
+
 # -- end to end on tiny-llama ---------------------------------------------------------------
 
 LONG_PROMPT = [5] * 1100  # longer than tiny-llama's 1024-token context

