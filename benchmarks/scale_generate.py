@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--kv-cache-mib", type=int, default=None, metavar="MIB",
                    help="the KV pool of both, in MiB (default: the engine's); a tiny model's 1 GiB "
-                        "pool has ~350k blocks, whose prefix-cache index fills over a long "
+                        "pool has 131k blocks, whose prefix-cache index fills over a long "
                         "run, so its memory is not flat until the pool has cycled once")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     p.add_argument("--llm-child", default=None, help=argparse.SUPPRESS)

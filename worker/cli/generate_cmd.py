@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(exc))
     try:
         done = prepare_output(args.output, resume=not args.no_resume)
-        total = count_input_lines(args.input)
+        total = None if args.quiet else count_input_lines(args.input)  # the bar's length
     except OSError as exc:
         return fail(str(exc))
     say = (lambda _: None) if args.quiet else (lambda m: print(m, file=sys.stderr))
