@@ -36,8 +36,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -47,13 +46,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from benchmarks.harness.linear_fit import LinearFit, fit_line
 from benchmarks.harness.machine import cpu_description
-from migrations.run import upgrade
+from benchmarks.harness.service_stack import throwaway_database
 from worker.store.crud.jobs import after_job, list_jobs
 from worker.store.db import make_engine, make_session_factory
 from worker.store.models import Job
 
 ROOT = Path(__file__).resolve().parents[1]
-PG = "postgresql://postgres@127.0.0.1:5432/"
 TENANT = "bench"
 OTHER_TENANTS = ("other-a", "other-b", "other-c", "other-d")
 WALK_PAGE = 1000  # what worker.cli.jobs_cmd reads per query
@@ -63,22 +61,6 @@ WALKS = {"walk_s": "keyset, tenant", "walk_all_tenants_s": "keyset, all tenants"
          "cli_s": "`inflight jobs --limit 0 --json`"}  # figure -> label of its fit
 PROMPT = "Summarize the following paragraph in two sentences. " * 4
 ANSWER = "The paragraph argues that keyset pagination keeps every page cheap. " * 5
-
-
-@contextmanager
-def throwaway_database() -> Iterator[str]:
-    """A fresh PostgreSQL database at the latest revision; dropped afterwards."""
-    import psycopg
-
-    name = f"inflight_listing_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG + "postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        upgrade(url=PG + name)
-        yield PG + name
-    finally:
-        with psycopg.connect(PG + "postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def job_row(index: int, tenant: str, burst: int) -> dict[str, Any]:
@@ -312,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     sizes = sorted(int(x) for x in args.sizes.split(","))
     rows: list[dict[str, Any]] = []
-    with throwaway_database() as url:
+    with throwaway_database(prefix="inflight_listing") as url:
         engine = make_engine(url=url)
         try:
             with engine.connect() as conn:

@@ -44,6 +44,26 @@ class ServiceStack:
 
 
 @contextlib.contextmanager
+def throwaway_database(prefix: str = "inflight_bench") -> Iterator[str]:
+    """A fresh PostgreSQL database on 127.0.0.1:5432 at the latest revision; its URL.
+    Dropped afterwards (``WITH (FORCE)``, so lingering connections do not keep it)."""
+    import psycopg
+
+    from migrations.run import upgrade
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        url = f"postgresql://postgres@127.0.0.1:5432/{name}"
+        upgrade(url=url)
+        yield url
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
 def service_stack(*, model: str = "tiny-llama", workers: int = 1, api_workers: int = 1,
                   redis_url: str = "redis://127.0.0.1:6379/12", database_url: str | None = None,
                   beat_interval: float = 5.0, worker_args: tuple[str, ...] = (),
@@ -52,50 +72,42 @@ def service_stack(*, model: str = "tiny-llama", workers: int = 1, api_workers: i
     on the way out (the database only if it was made here)."""
     from api.serve_thread import free_port
 
-    made_db = _create_database() if database_url is None else None
-    db_url = database_url or f"postgresql://postgres@127.0.0.1:5432/{made_db}"
     prefix = f"inflight-bench-{uuid.uuid4().hex[:8]}"
     storage = Path(f"/tmp/{prefix}-files")
     procs: list[subprocess.Popen] = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
            "INFLIGHT_BEAT_INTERVAL": str(beat_interval)}
-    try:
-        key = _prepare_database(db_url, tenant)
-        common = ["--database-url", db_url, "--redis-url", redis_url, "--prefix", prefix]
-        port = free_port()
-        procs.append(_start(["api", "--port", str(port), *common, "--storage-dir", str(storage),
-                             "--workers", str(api_workers), "--log-level", "warning"], env))
-        for i in range(workers):
-            procs.append(_start(["worker", "--model", model, *common, "--name", f"bench-{i}",
-                                 "--log-level", "WARNING", *worker_args], env))
-        stack = ServiceStack(base_url=f"http://127.0.0.1:{port}", api_key=key,
-                             database_url=db_url, redis_url=redis_url, prefix=prefix,
-                             api=procs[0], workers=procs[1:])
-        _wait_ready(stack)
-        yield stack
-    finally:
-        _stop(procs)
-        _forget_keys(redis_url, prefix)
-        if made_db:
-            _drop_database(made_db)
-        shutil.rmtree(storage, ignore_errors=True)
+    database = (contextlib.nullcontext(database_url) if database_url is not None
+                else throwaway_database())
+    with database as db_url:
+        try:
+            key = _prepare_database(db_url, tenant)
+            common = ["--database-url", db_url, "--redis-url", redis_url, "--prefix", prefix]
+            port = free_port()
+            procs.append(_start(["api", "--port", str(port), *common, "--storage-dir",
+                                 str(storage), "--workers", str(api_workers), "--log-level",
+                                 "warning"], env))
+            for i in range(workers):
+                procs.append(_start(["worker", "--model", model, *common, "--name",
+                                     f"bench-{i}", "--log-level", "WARNING", *worker_args], env))
+            stack = ServiceStack(base_url=f"http://127.0.0.1:{port}", api_key=key,
+                                 database_url=db_url, redis_url=redis_url, prefix=prefix,
+                                 api=procs[0], workers=procs[1:])
+            _wait_ready(stack)
+            yield stack
+        finally:
+            _stop(procs)
+            _forget_keys(redis_url, prefix)
+            shutil.rmtree(storage, ignore_errors=True)
 
 
 def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "worker.cli.main", *args], cwd=ROOT, env=env)
 
 
-def _create_database() -> str:
-    import psycopg
-
-    name = f"inflight_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return name
-
-
 def _prepare_database(db_url: str, tenant: str) -> str:
-    """Migrate the database and return a new API key for ``tenant``."""
+    """Migrate the database (a no-op when it is current) and return a new API key for
+    ``tenant``."""
     from migrations.run import upgrade
     from worker.store.crud.api_keys import create_api_key
     from worker.store.db import make_engine, make_session_factory
@@ -141,10 +153,3 @@ def _forget_keys(redis_url: str, prefix: str) -> None:
         client = redis.Redis.from_url(redis_url)
         for key in client.scan_iter(match=f"{prefix}:*", count=1000):
             client.delete(key)
-
-
-def _drop_database(name: str) -> None:
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
