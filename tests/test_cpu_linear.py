@@ -45,9 +45,9 @@ def test_packing_caps_the_primitive_caches_unless_the_user_chose_a_size(monkeypa
     assert os.environ[name] == "300"
 
 
-def test_memory_stays_flat_over_many_row_counts() -> None:
-    """The caps are read at the first primitive, so a fresh process checks them: packed
-    matmuls at 400 distinct row counts must not keep a primitive per count."""
+def _memory_growth_mib(env_caps: dict[str, str]) -> int:
+    """MiB a fresh process grows while packed matmuls run at 400 new row counts (the caps
+    are read at the first primitive, so only a fresh process can check them)."""
     code = (
         "import torch\n"
         "from torch import nn\n"
@@ -65,6 +65,17 @@ def test_memory_stays_flat_over_many_row_counts() -> None:
         "print((current_rss_bytes() - before) >> 20)\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in PRIMITIVE_CACHE_ENVS}
+    env.update(env_caps)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, check=True)
-    assert int(out.stdout.strip()) < 40, out.stdout  # MiB grown over 400 new row counts
+    return int(out.stdout.strip())
+
+
+def test_memory_stays_flat_over_many_row_counts() -> None:
+    """Packed matmuls at 400 distinct row counts must not keep a primitive per count. The
+    allocator's own growth differs between machines, so the capped process is compared
+    with one run at the libraries' default of 1,024 entries on the same machine (675 MiB
+    against 13 to 41 on the development machine)."""
+    capped = _memory_growth_mib({})
+    uncapped = _memory_growth_mib({name: "1024" for name in PRIMITIVE_CACHE_ENVS})
+    assert capped * 5 < uncapped, f"capped grew {capped} MiB, uncapped {uncapped} MiB"
