@@ -54,13 +54,17 @@ def hf_greedy(spec: str, prompt_ids: list[int], max_new_tokens: int) -> list[int
 
 def blocks_consistent(bm, seqs) -> bool:
     """Block-manager invariants: reference counts match the owners' block tables, a block
-    is free exactly when nobody owns it, and used + free = total."""
+    is free exactly when nobody owns it, the free count counts those, and a free block is
+    in the cache's queue exactly when it is findable."""
     counts = [0] * bm.num_blocks
     for seq in seqs:
         for block in seq.block_table:
             counts[block] += 1
-    free_ok = all((counts[b] == 0) == (b in bm.free_queue) for b in range(bm.num_blocks))
-    return counts == bm.ref_counts and free_ok and bm.num_used_blocks + bm.num_free_blocks == bm.num_blocks
+    free_ok = all((counts[b] == 0) == bm.is_free(b) for b in range(bm.num_blocks))
+    count_ok = sum(map(bm.is_free, range(bm.num_blocks))) == bm.num_free_blocks
+    queues_ok = (all(bm.block_hashes[b] is not None for b in bm.free_cached)
+                 and all(bm.block_hashes[b] is None for b in bm.free_plain))
+    return counts == bm.ref_counts and free_ok and count_ok and queues_ok
 
 
 def prompt_token_lists(tokenizer, count: int, seed: int = 0, lo: int = 3, hi: int = 60) -> list[list[int]]:

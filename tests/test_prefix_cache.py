@@ -69,7 +69,7 @@ def test_freed_blocks_stay_cached_and_lru_evicts_tail_first() -> None:
     compute_all(bm, seq)
     head, b1, b2, tail = seq.block_table
     bm.free(seq)
-    assert list(bm.free_queue) == [tail, b2, b1, head]  # tail first: evicted first
+    assert list(bm.free_cached) == [tail, b2, b1, head]  # tail first: evicted first
     assert bm.num_free_blocks == 4 and len(bm.cached) == 4
     # A new sequence takes one block: the tail's, and only its hash disappears.
     fresh = make_seq([7, 7, 7], rid="fresh")
@@ -95,6 +95,28 @@ def test_shared_blocks_are_reference_counted() -> None:
     assert [bm.ref_counts[x] for x in hits] == [2, 2]
     bm.free(a)
     assert [bm.ref_counts[x] for x in hits] == [1, 1]
-    assert all(x not in bm.free_queue for x in hits)
+    assert not any(map(bm.is_free, hits))
     bm.free(b)
     assert bm.num_free_blocks == 8
+
+
+def test_freed_blocks_are_handed_out_before_never_used_ones() -> None:
+    """Plain freed blocks first, then the cache's LRU, and a never-used block only when no
+    freed one is left: the pool's untouched memory stays uncommitted."""
+    bm = BlockManager(8, BS, enable_prefix_caching=True)
+    cached = make_seq(list(range(8)), rid="cached")  # two full blocks, published
+    compute_all(bm, cached)
+    partial = make_seq([50, 51], rid="partial")  # one partial block, never published
+    compute_all(bm, partial)
+    assert bm.num_touched == 3
+    bm.free(cached)
+    bm.free(partial)
+    taker = make_seq(list(range(100, 112)), rid="taker")  # needs three blocks
+    bm.grow(taker, 12)
+    # partial's block 2 (plain), then cached's 1 and 0 (its tail was freed first)
+    assert taker.block_table == [2, 1, 0]
+    assert bm.num_touched == 3 and bm.cached == {}
+    bm.grow(taker, 16)
+    assert taker.block_table[-1] == 3 and bm.num_touched == 4
+    assert bm.num_free_blocks == 4
+

@@ -1,11 +1,17 @@
 """The paged KV pool: fixed-size blocks handed out on demand, with an optional prefix cache.
 
-Free blocks sit in an LRU queue (an insertion-ordered dict: O(1) pop of the oldest and
-O(1) removal when a cached block is revived). With prefix caching on, a full block whose
-K/V has been computed is published under a hash chain (parent hash, tenant salt, the
-block's token ids); a block freed by every owner stays findable until the LRU hands it
-out again. Sequences release their blocks tail first, so a sequence's tail is evicted
-before its head.
+Freed blocks sit in two insertion-ordered dicts (O(1) pop of the oldest, O(1) removal
+when a cached block is revived): those holding nothing findable, and the prefix cache's
+LRU. With prefix caching on, a full block whose K/V has been computed is published under
+a hash chain (parent hash, tenant salt, the block's token ids); a block freed by every
+owner stays findable until the LRU hands it out again. Sequences release their blocks
+tail first, so a sequence's tail is evicted before its head.
+
+Blocks never handed out come last, after every freed block (plain ones first, then the
+cached LRU): the CPU pool's pages are committed when first written, so the memory the
+pool holds follows the peak number of blocks in use, not the pool's size. The price is
+that a cached block can be evicted while untouched blocks remain; the cache keeps what the
+peak left free.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self.free_queue: dict[int, None] = dict.fromkeys(range(num_blocks))
+        self.free_plain: dict[int, None] = {}  # freed, holding nothing findable
+        self.free_cached: dict[int, None] = {}  # freed, published: the LRU, oldest first
+        self.num_touched = 0  # blocks 0 .. num_touched - 1 have been handed out
         self.block_hashes: list[int | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # hash -> block id
@@ -29,13 +37,17 @@ class BlockManager:
     # -- capacity ---------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        """Blocks not owned by any sequence (cached or not)."""
-        return len(self.free_queue)
+        """Blocks not owned by any sequence (cached, plain or never handed out)."""
+        return len(self.free_plain) + len(self.free_cached) + self.num_blocks - self.num_touched
 
     @property
     def num_used_blocks(self) -> int:
         """Blocks owned by at least one sequence."""
-        return self.num_blocks - len(self.free_queue)
+        return self.num_blocks - self.num_free_blocks
+
+    def is_free(self, block: int) -> bool:
+        """Whether no sequence owns ``block``."""
+        return block in self.free_plain or block in self.free_cached or block >= self.num_touched
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` tokens."""
@@ -48,7 +60,7 @@ class BlockManager:
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Whether ``seq`` can hold ``num_tokens`` tokens with the free blocks left."""
         extra = 1 if self.needs_copy_on_write(seq) else 0
-        return self.num_new_blocks(seq, num_tokens) + extra <= len(self.free_queue)
+        return self.num_new_blocks(seq, num_tokens) + extra <= self.num_free_blocks
 
     # -- sharing between the samples of one request -----------------------------------
     def fork(self, parent: Sequence, child: Sequence) -> None:
@@ -69,7 +81,7 @@ class BlockManager:
         model runner to copy the K/V; the caller checked can_grow."""
         index = seq.num_computed_tokens // self.block_size
         src = seq.block_table[index]
-        dst = self._pop_oldest_free()
+        dst = self._pop_free()
         self.ref_counts[src] -= 1
         seq.block_table[index] = dst
         return src, dst
@@ -78,12 +90,21 @@ class BlockManager:
     def grow(self, seq: Sequence, num_tokens: int) -> None:
         """Append blocks to ``seq`` until it holds ``num_tokens``; caller checked can_grow."""
         for _ in range(self.num_new_blocks(seq, num_tokens)):
-            seq.block_table.append(self._pop_oldest_free())
+            seq.block_table.append(self._pop_free())
 
-    def _pop_oldest_free(self) -> int:
-        block = next(iter(self.free_queue))  # the least recently freed block
-        del self.free_queue[block]
-        self._unpublish(block)
+    def _pop_free(self) -> int:
+        """A freed plain block, else the least recently freed cached one, else a block
+        never handed out (its memory not yet committed)."""
+        for queue in (self.free_plain, self.free_cached):
+            if queue:
+                block = next(iter(queue))  # the oldest in that queue
+                del queue[block]
+                self._unpublish(block)
+                break
+        else:
+            assert self.num_touched < self.num_blocks, "caller checked that a block is free"
+            block = self.num_touched
+            self.num_touched += 1
         self.ref_counts[block] = 1
         return block
 
@@ -94,7 +115,10 @@ class BlockManager:
             if self.ref_counts[block] == 0:
                 if not keep_cached:
                     self._unpublish(block)
-                self.free_queue[block] = None
+                if self.block_hashes[block] is None:
+                    self.free_plain[block] = None
+                else:
+                    self.free_cached[block] = None
         seq.block_table = []
         seq.num_hashed_blocks = 0
         seq.block_hash = None
@@ -126,7 +150,7 @@ class BlockManager:
         assert not seq.block_table, "prefix blocks go to a sequence that holds none"
         for block in blocks:
             if self.ref_counts[block] == 0:
-                del self.free_queue[block]
+                del self.free_cached[block]  # a findable block is in the cache's LRU
             self.ref_counts[block] += 1
         seq.block_table = list(blocks)
         seq.num_hashed_blocks = len(blocks)

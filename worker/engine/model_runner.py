@@ -8,6 +8,8 @@ here; the engine only hands it a plan and gets back logits.
 from __future__ import annotations
 
 import logging
+import math
+import mmap
 
 import numpy as np
 import torch
@@ -27,6 +29,17 @@ log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def kv_pool_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed KV pool. On the CPU it is an anonymous memory map, which the kernel fills
+    with zero pages as they are first written, so the pool holds only the memory of the
+    blocks handed out so far (the block manager hands out never-used blocks last)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    numel = math.prod(shape)
+    region = mmap.mmap(-1, max(1, numel * dtype.itemsize))  # private, anonymous, zero-filled
+    return torch.frombuffer(region, dtype=dtype, count=numel).view(shape)  # keeps region alive
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto`` is CUDA when available, else the CPU."""
     if name == "auto":
@@ -39,6 +52,26 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return _DTYPES[name]
+
+
+def slow_reduced_precision(dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why ``dtype`` will run slower than fp32 on this CPU, or None. Without bf16 (or fp16)
+    instructions oneDNN converts every operand to fp32 and back: on an Intel Xeon with
+    AVX-512 but no avx512_bf16, bf16 ran at 0.37x fp32 on the chat workload, where an AMD
+    EPYC with avx512_bf16 ran it at 1.36x (docs/benchmarks.md)."""
+    if device.type != "cpu" or dtype == torch.float32:
+        return None
+    if dtype == torch.bfloat16:
+        native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        needed = "avx512_bf16 or AMX"
+    else:
+        native = torch.cpu._is_amx_fp16_supported()
+        needed = "AMX-FP16"
+    if native:
+        return None
+    return (f"dtype {str(dtype).removeprefix('torch.')}: this CPU has no {needed} instructions, so "
+            "reduced precision runs slower than float32 here (oneDNN converts each operand); "
+            "use float32 for speed")
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
@@ -67,6 +100,9 @@ class ModelRunner:
         KV pool from ``args`` and the free memory, and capture decode graphs (CUDA)."""
         self.device = device = resolve_device(args.device)
         self.dtype = resolve_dtype(args.dtype, device)
+        slow = slow_reduced_precision(self.dtype, device)
+        if slow:
+            log.warning(slow)
         if args.num_threads and device.type == "cpu":
             torch.set_num_threads(args.num_threads)
         checkpoint = load_checkpoint(args.model, dtype=torch.float32)
@@ -92,8 +128,8 @@ class ModelRunner:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         shape = (self.num_blocks, args.block_size, config.num_key_value_heads, head_dim)
         # One tensor per K/V for all layers: [num_layers, num_blocks, block_size, Hkv, D]
-        self.k_pool = torch.zeros((config.num_hidden_layers, *shape), dtype=self.dtype, device=device)
-        self.v_pool = torch.zeros((config.num_hidden_layers, *shape), dtype=self.dtype, device=device)
+        self.k_pool = kv_pool_tensor((config.num_hidden_layers, *shape), self.dtype, device)
+        self.v_pool = kv_pool_tensor((config.num_hidden_layers, *shape), self.dtype, device)
         self.kv_caches = [(self.k_pool[i], self.v_pool[i]) for i in range(config.num_hidden_layers)]
         self.pin = device.type == "cuda"  # stage host inputs in pinned memory for async copies
         use_graphs = args.decode_graphs if args.decode_graphs is not None else device.type == "cuda"

@@ -1,0 +1,25 @@
+"""The CPU KV pool commits memory only for the blocks written, and starts zeroed."""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.harness.machine import current_rss_bytes
+from worker.engine.model_runner import kv_pool_tensor
+
+MIB = 1 << 20
+
+
+def test_cpu_pool_is_zeroed_and_committed_as_written() -> None:
+    before = current_rss_bytes()
+    # [layers, blocks, block_size, Hkv, D]: 4 x 1024 x 16 x 4 x 64 x 4 bytes = 64 MiB
+    pool = kv_pool_tensor((4, 1024, 16, 4, 64), torch.float32, torch.device("cpu"))
+    assert pool.is_contiguous() and pool.shape == (4, 1024, 16, 4, 64)
+    assert current_rss_bytes() - before < 8 * MIB  # reserved, not committed
+    pool[:, :256] = 1.0  # a quarter of the blocks written: 16 MiB
+    grown = current_rss_bytes() - before
+    assert 12 * MIB < grown < 32 * MIB, grown
+    assert int(pool[:, 256:].count_nonzero()) == 0  # the untouched rest reads as zeros
+    layer = pool[1]  # a view keeps the mapping alive after the pool's name is gone
+    del pool
+    assert float(layer[0].sum()) == 16 * 4 * 64
