@@ -23,3 +23,19 @@ def test_cpu_pool_is_zeroed_and_committed_as_written() -> None:
     layer = pool[1]  # a view keeps the mapping alive after the pool's name is gone
     del pool
     assert float(layer[0].sum()) == 16 * 4 * 64
+
+
+def test_a_committed_cpu_pool_holds_its_memory_from_the_start() -> None:
+    before = current_rss_bytes()
+    pool = kv_pool_tensor((4, 1024, 16, 4, 64), torch.float32, torch.device("cpu"), committed=True)
+    assert current_rss_bytes() - before > 56 * MIB  # all 64 MiB written as zeros
+    assert int(pool.count_nonzero()) == 0
+
+
+def test_the_engine_orders_blocks_by_how_its_pool_is_committed() -> None:
+    from worker.engine import EngineArgs, LLMEngine
+
+    lazy = LLMEngine(EngineArgs(model="tiny-llama", num_kv_blocks=8))
+    committed = LLMEngine(EngineArgs(model="tiny-llama", num_kv_blocks=8, commit_kv_pool=True))
+    assert lazy.block_manager.never_used_last and not lazy.runner.kv_pool_committed
+    assert committed.runner.kv_pool_committed and not committed.block_manager.never_used_last

@@ -100,23 +100,36 @@ def test_shared_blocks_are_reference_counted() -> None:
     assert bm.num_free_blocks == 8
 
 
-def test_freed_blocks_are_handed_out_before_never_used_ones() -> None:
-    """Plain freed blocks first, then the cache's LRU, and a never-used block only when no
-    freed one is left: the pool's untouched memory stays uncommitted."""
-    bm = BlockManager(8, BS, enable_prefix_caching=True)
-    cached = make_seq(list(range(8)), rid="cached")  # two full blocks, published
+def _free_one_cached_and_one_plain(bm: BlockManager) -> None:
+    cached = make_seq(list(range(8)), rid="cached")  # blocks 0 and 1: full, published
     compute_all(bm, cached)
-    partial = make_seq([50, 51], rid="partial")  # one partial block, never published
+    partial = make_seq([50, 51], rid="partial")  # block 2: partial, never published
     compute_all(bm, partial)
     assert bm.num_touched == 3
-    bm.free(cached)
+    bm.free(cached)  # tail first: the cache's LRU is [1, 0]
     bm.free(partial)
-    taker = make_seq(list(range(100, 112)), rid="taker")  # needs three blocks
-    bm.grow(taker, 12)
-    # partial's block 2 (plain), then cached's 1 and 0 (its tail was freed first)
+
+
+def test_a_lazily_committed_pool_hands_out_freed_blocks_before_never_used_ones() -> None:
+    """Plain freed blocks first, then the cache's LRU, and a never-used block only when no
+    freed one is left: the pool's untouched memory stays uncommitted."""
+    bm = BlockManager(8, BS, enable_prefix_caching=True, never_used_last=True)
+    _free_one_cached_and_one_plain(bm)
+    taker = make_seq(list(range(100, 112)), rid="taker")
+    bm.grow(taker, 12)  # three blocks
     assert taker.block_table == [2, 1, 0]
     assert bm.num_touched == 3 and bm.cached == {}
     bm.grow(taker, 16)
     assert taker.block_table[-1] == 3 and bm.num_touched == 4
     assert bm.num_free_blocks == 4
 
+
+def test_a_committed_pool_keeps_cached_blocks_while_never_used_ones_remain() -> None:
+    bm = BlockManager(8, BS, enable_prefix_caching=True)
+    _free_one_cached_and_one_plain(bm)
+    taker = make_seq(list(range(100, 132)), rid="taker")
+    bm.grow(taker, 24)  # six blocks
+    assert taker.block_table == [2, 3, 4, 5, 6, 7]  # the plain one, then never-used ones
+    assert len(bm.cached) == 2  # the cached prefix survives
+    bm.grow(taker, 32)
+    assert taker.block_table[-2:] == [1, 0] and bm.cached == {}  # then the LRU

@@ -30,8 +30,10 @@ def test_worker_takes_the_shared_engine_flags(monkeypatch, capsys) -> None:
     import pytest
 
     monkeypatch.setenv("DATABASE_URL", "sqlite:///x.db")
-    args = build_parser("worker").parse_args(["worker", "--kv-cache-memory", "2GiB", "--seed", "3"])
-    assert config_from_args(args).engine_kwargs == {"kv_cache_memory": 2 * 2**30, "seed": 3}
+    args = build_parser("worker").parse_args(["worker", "--kv-cache-memory", "2GiB", "--seed", "3",
+                                              "--commit-kv-pool"])
+    assert config_from_args(args).engine_kwargs == {"kv_cache_memory": 2 * 2**30, "seed": 3,
+                                                    "commit_kv_pool": True}
     with pytest.raises(SystemExit):
         build_parser("worker").parse_args(["worker", "--policy", "bogus"])
     assert "invalid choice" in capsys.readouterr().err

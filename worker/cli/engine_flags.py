@@ -14,7 +14,8 @@ from typing import Any
 # flag dest -> EngineArgs field (the same name)
 _ENGINE_FIELDS = (
     "model", "dtype", "device", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-    "num_kv_blocks", "kv_cache_memory", "block_size", "policy", "enable_prefix_caching",
+    "num_kv_blocks", "kv_cache_memory", "commit_kv_pool", "block_size", "policy",
+    "enable_prefix_caching",
     "enable_chunked_prefill", "attention_backend", "seed", "num_threads", "prepack_weights",
     "num_speculative_tokens", "speculative_max_rows",
 )
@@ -57,6 +58,11 @@ def add_engine_flags(parser: argparse.ArgumentParser, *, default_model: str = "s
     g.add_argument("--kv-cache-memory", type=parse_bytes, metavar="SIZE",
                    help="memory for the KV pool, e.g. 2GiB (default: 80%% of free GPU "
                         "memory, 1GiB on CPU)")
+    g.add_argument("--commit-kv-pool", action="store_true", default=None,
+                   help="CPU: hold the whole KV pool from the start, so freed prefix blocks "
+                        "stay cached until the pool is full (default: the pool's memory "
+                        "follows the most blocks in use at once, and freed blocks are reused "
+                        "first)")
     g.add_argument("--block-size", type=int, metavar="N", help="tokens per KV block (default: 16)")
     g.add_argument("--policy", choices=("fcfs", "static", "static-padded", "priority", "sjf", "fair"),
                    help="scheduling policy (default: fcfs)")

@@ -7,11 +7,11 @@ a hash chain (parent hash, tenant salt, the block's token ids); a block freed by
 owner stays findable until the LRU hands it out again. Sequences release their blocks
 tail first, so a sequence's tail is evicted before its head.
 
-Blocks never handed out come last, after every freed block (plain ones first, then the
-cached LRU): the CPU pool's pages are committed when first written, so the memory the
-pool holds follows the peak number of blocks in use, not the pool's size. The price is
-that a cached block can be evicted while untouched blocks remain; the cache keeps what the
-peak left free.
+Freed plain blocks go first. Then, where the pool's memory is committed from the start
+(CUDA, or ``commit_kv_pool``), blocks never handed out come before the cached LRU, so the
+cache keeps what the pool holds. On the CPU by default the pool's pages are committed when
+first written, so never-used blocks come last: the memory the pool holds follows the peak
+number of blocks in use, not the pool's size, and the cache keeps what that peak left free.
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ from worker.engine.sequence import Sequence
 class BlockManager:
     """Allocation, reference counts and the prefix cache of ``num_blocks`` KV blocks."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 *, never_used_last: bool = False) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.never_used_last = never_used_last  # evict cached blocks before touching new ones
         self.ref_counts = [0] * num_blocks
         self.free_plain: dict[int, None] = {}  # freed, holding nothing findable
         self.free_cached: dict[int, None] = {}  # freed, published: the LRU, oldest first
@@ -93,16 +95,16 @@ class BlockManager:
             seq.block_table.append(self._pop_free())
 
     def _pop_free(self) -> int:
-        """A freed plain block, else the least recently freed cached one, else a block
-        never handed out (its memory not yet committed)."""
-        for queue in (self.free_plain, self.free_cached):
-            if queue:
-                block = next(iter(queue))  # the oldest in that queue
-                del queue[block]
-                self._unpublish(block)
-                break
+        """A freed plain block first; then a never-used block before the least recently
+        freed cached one, or after it with ``never_used_last``."""
+        untouched = self.num_touched < self.num_blocks
+        if self.free_plain or (self.free_cached and (self.never_used_last or not untouched)):
+            queue = self.free_plain or self.free_cached
+            block = next(iter(queue))  # the oldest in that queue
+            del queue[block]
+            self._unpublish(block)
         else:
-            assert self.num_touched < self.num_blocks, "caller checked that a block is free"
+            assert untouched, "caller checked that a block is free"
             block = self.num_touched
             self.num_touched += 1
         self.ref_counts[block] = 1

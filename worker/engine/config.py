@@ -25,6 +25,10 @@ class EngineArgs:
     max_model_len: int | None = None
     policy: str = "fcfs"
     enable_prefix_caching: bool = True  # shared prompt prefixes (system prompts) computed once
+    # CPU: commit the whole KV pool at start, so freed prefix blocks stay cached until the
+    # pool is full (the process then holds the whole pool). False: the pool's memory follows
+    # the peak blocks in use and freed blocks are reused first. Always committed on CUDA.
+    commit_kv_pool: bool = False
     enable_chunked_prefill: bool = True
     tenant_weights: dict[str, float] | None = None  # fair policy: share of served tokens
     attention_backend: str | None = None  # "torch" | "cpu" | "triton"; None picks by device

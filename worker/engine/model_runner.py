@@ -29,11 +29,13 @@ log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def kv_pool_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zeroed KV pool. On the CPU it is an anonymous memory map, which the kernel fills
-    with zero pages as they are first written, so the pool holds only the memory of the
-    blocks handed out so far (the block manager hands out never-used blocks last)."""
-    if device.type != "cpu":
+def kv_pool_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *,
+                   committed: bool = False) -> torch.Tensor:
+    """A zeroed KV pool: ``committed`` (always so off the CPU) holds all its memory from the
+    start; otherwise it is an anonymous memory map, which the kernel fills with zero pages
+    as they are first written, so the pool holds only the memory of the blocks handed out
+    so far (the block manager then hands out never-used blocks last)."""
+    if committed or device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     numel = math.prod(shape)
     region = mmap.mmap(-1, max(1, numel * dtype.itemsize))  # private, anonymous, zero-filled
@@ -128,8 +130,11 @@ class ModelRunner:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         shape = (self.num_blocks, args.block_size, config.num_key_value_heads, head_dim)
         # One tensor per K/V for all layers: [num_layers, num_blocks, block_size, Hkv, D]
-        self.k_pool = kv_pool_tensor((config.num_hidden_layers, *shape), self.dtype, device)
-        self.v_pool = kv_pool_tensor((config.num_hidden_layers, *shape), self.dtype, device)
+        self.kv_pool_committed = device.type != "cpu" or args.commit_kv_pool
+        self.k_pool = kv_pool_tensor((config.num_hidden_layers, *shape), self.dtype, device,
+                                     committed=self.kv_pool_committed)
+        self.v_pool = kv_pool_tensor((config.num_hidden_layers, *shape), self.dtype, device,
+                                     committed=self.kv_pool_committed)
         self.kv_caches = [(self.k_pool[i], self.v_pool[i]) for i in range(config.num_hidden_layers)]
         self.pin = device.type == "cuda"  # stage host inputs in pinned memory for async copies
         use_graphs = args.decode_graphs if args.decode_graphs is not None else device.type == "cuda"
