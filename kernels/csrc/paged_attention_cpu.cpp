@@ -143,6 +143,18 @@ inline bool softmax_block(float* s, int64_t padded, float* acc, int64_t head_dim
   return true;
 }
 
+// Ask for a block's rows of one head ([block_size] rows of head_dim, row_stride apart)
+// ahead of use: blocks sit anywhere in the pool, so the hardware cannot guess the next one.
+template <typename scalar_t>
+inline void prefetch_head_rows(const scalar_t* first_row, int64_t rows, int64_t row_stride,
+                               int64_t head_dim) {
+  constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(scalar_t));  // elements per cache line
+  for (int64_t r = 0; r < rows; ++r) {
+    const scalar_t* row = first_row + r * row_stride;
+    for (int64_t d = 0; d < head_dim; d += kLine) __builtin_prefetch(row + d, 0, 3);
+  }
+}
+
 // D > 0: a head_dim of D, register-blocked with the cache widened to fp32 lanes as it is
 // read; D == 0: any head_dim, scalar dot products and value sums.
 template <typename scalar_t, int D>
@@ -188,6 +200,12 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
     const int64_t n_keys = std::min(block_size, tile_last_key + 1 - base_pos);
     const scalar_t* k_block = k_cache + block * block_size * row_stride + item.kv_head * head_dim;
     const scalar_t* v_block = v_cache + block * block_size * row_stride + item.kv_head * head_dim;
+    if (b + 1 < num_blocks) {  // start loading the next block's rows of this head
+      prefetch_head_rows(k_cache + table[b + 1] * block_size * row_stride + item.kv_head * head_dim,
+                         block_size, row_stride, head_dim);
+      prefetch_head_rows(v_cache + table[b + 1] * block_size * row_stride + item.kv_head * head_dim,
+                         block_size, row_stride, head_dim);
+    }
     // scores[v][j] for the block's visible keys; invisible and missing keys get -inf.
     for (int64_t j = 0; j < n_keys; ++j) {
       const scalar_t* k_row = k_block + j * row_stride;
