@@ -52,3 +52,11 @@ def test_the_engine_orders_blocks_by_how_its_pool_is_committed() -> None:
     committed = LLMEngine(EngineArgs(model="tiny-llama", num_kv_blocks=8, commit_kv_pool=True))
     assert lazy.block_manager.never_used_last and not lazy.runner.kv_pool_committed
     assert committed.runner.kv_pool_committed and not committed.block_manager.never_used_last
+
+
+def test_only_a_cpu_pool_can_be_committed_lazily() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="only a CPU KV pool"):
+        kv_pool_tensor((2, 4), torch.float32, torch.device("meta"))
+    assert kv_pool_tensor((2, 4), torch.float32, torch.device("meta"), committed=True).shape == (2, 4)

@@ -31,12 +31,14 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def kv_pool_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *,
                    committed: bool = False) -> torch.Tensor:
-    """A zeroed KV pool: ``committed`` (always so off the CPU) holds all its memory from the
-    start; otherwise it is an anonymous memory map, which the kernel fills with zero pages
-    as they are first written, so the pool holds only the memory of the blocks handed out
-    so far (the block manager then hands out never-used blocks last)."""
-    if committed or device.type != "cpu":
+    """A zeroed KV pool: ``committed`` holds all its memory from the start; otherwise (CPU
+    only) it is an anonymous memory map, which the kernel fills with zero pages as they are
+    first written, so the pool holds only the memory of the blocks handed out so far (the
+    block manager then hands out never-used blocks last)."""
+    if committed:
         return torch.zeros(shape, dtype=dtype, device=device)
+    if device.type != "cpu":
+        raise ValueError(f"only a CPU KV pool can be committed lazily, not one on {device}")
     numel = math.prod(shape)
     region = mmap.mmap(-1, max(1, numel * dtype.itemsize))  # private, anonymous, zero-filled
     return torch.frombuffer(region, dtype=dtype, count=numel).view(shape)  # keeps region alive
