@@ -27,7 +27,7 @@ def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     return request.param
 
 
-@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("block_size", [16, 32, 12, 24])  # 12 and 24: not whole vectors
 @pytest.mark.parametrize(("num_kv_heads", "group"), [(1, 1), (2, 3), (3, 3), (2, 4)])
 @pytest.mark.parametrize("head_dim", [64, 128, 48])  # register-blocked 64 and 128, scalar 48
 def test_decode_matches_reference_and_float64(

@@ -6,6 +6,7 @@
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -79,6 +80,44 @@ inline float hsum(vf v) {
 
 inline float hmax(vf v) {
   return fold(v, [](vf a, vf b) { return a > b ? a : b; })[0];
+}
+
+// Eight sums in one 8-float vector: lane i = the sum of p[i]'s eight lanes. Two rounds of
+// pairwise adds within 128-bit halves, then one swap of halves: about 2.6 instructions per
+// vector against 6 for a separate hsum of each.
+typedef float v8 __attribute__((vector_size(32)));
+inline v8 transpose_sum8(const v8* p) {
+  const __m256 s01 = _mm256_hadd_ps(p[0], p[1]);  // [p0 01, p0 23, p1 01, p1 23 | p0 45, p0 67, p1 45, p1 67]
+  const __m256 s23 = _mm256_hadd_ps(p[2], p[3]);
+  const __m256 s45 = _mm256_hadd_ps(p[4], p[5]);
+  const __m256 s67 = _mm256_hadd_ps(p[6], p[7]);
+  const __m256 s03 = _mm256_hadd_ps(s01, s23);  // [p0..p3 sums of lanes 0-3 | of lanes 4-7]
+  const __m256 s47 = _mm256_hadd_ps(s45, s67);
+  const __m256 low = _mm256_permute2f128_ps(s03, s47, 0x20);   // lanes 0-3 of p0..p7
+  const __m256 high = _mm256_permute2f128_ps(s03, s47, 0x31);  // lanes 4-7 of p0..p7
+  return low + high;
+}
+
+// kLanes sums in one vector: lane i = the sum of p[i]'s lanes (p holds kLanes vectors).
+// With AVX-512 each vector's halves are added first, then two groups of eight go through
+// transpose_sum8.
+inline vf transpose_sum(const vf* p) {
+#if defined(__AVX512F__)
+  v8 halves[16];
+  for (int i = 0; i < 16; ++i) {
+    v8 low, high;
+    std::memcpy(&low, &p[i], sizeof(low));
+    std::memcpy(&high, reinterpret_cast<const char*>(&p[i]) + sizeof(low), sizeof(high));
+    halves[i] = low + high;
+  }
+  const v8 first = transpose_sum8(halves), second = transpose_sum8(halves + 8);
+  vf r;
+  std::memcpy(&r, &first, sizeof(first));
+  std::memcpy(reinterpret_cast<char*>(&r) + sizeof(first), &second, sizeof(second));
+  return r;
+#else
+  return transpose_sum8(p);
+#endif
 }
 
 // e^x per lane (about 1 ulp): -inf and anything below -87.3 give exactly 0, anything above

@@ -11,11 +11,14 @@
 //                0 .. context_len - q_len + j (causal within the chunk, full over the prefix)
 //   out          [num_tokens, num_heads, head_dim]
 //
-// One work item is (sequence, KV head, tile of up to kQueryTile query tokens): the tile's
-// query vectors (tokens x the KV head's query group) share every K/V row they read, so a
-// key row is loaded once per tile. Softmax is online (running max and denominator per
-// query vector), accumulated in fp32 whatever the cache dtype. Work items run on torch's
-// intra-op thread pool (at::parallel_for), so torch.set_num_threads governs them.
+// One work item is (sequence, tile of up to kQueryTile query tokens), all heads: the tile's
+// query vectors of a KV head (tokens x its query group) share every K/V row they read, and a
+// block's rows of all heads (contiguous in the cache) are read in one visit, so K/V are
+// pulled from memory once per tile. Scores are made kLanes keys at a time and reduced
+// together (transpose_sum in cpu_vec.h), not one horizontal sum per key. Softmax is online
+// (running max and denominator per query vector), accumulated in fp32 whatever the cache
+// dtype. Work items run on torch's intra-op thread pool (at::parallel_for), so
+// torch.set_num_threads governs them.
 //
 // The same source is compiled once per instruction set (kernels/cpu_native.py picks the
 // build from the CPU's flags at run time): with AVX-512 a vector holds 16 floats, with AVX2
@@ -42,57 +45,64 @@ namespace {
 using namespace inflight_cpu;
 
 constexpr int64_t kQueryTile = 8;
+constexpr int64_t kChunkKeys = 256;  // keys scored before one softmax update (whole blocks)
 
 struct WorkItem {
   int64_t seq;
-  int64_t kv_head;
   int64_t tile_start;  // first query token of the tile, 0-based within the sequence's chunk
   int64_t tile_end;    // one past the last
 };
 
-// scores[v] = q[v] . k_row for vectors [0, nvec): the key row stays in registers and four
-// query vectors are dotted at once, so four independent FMA chains are in flight.
+// scores[v][j] = q[v] . K[j] for the block's keys j < n_keys, kLanes keys at a time: each
+// key's products stay in one vector and transpose_sum turns kLanes of them into kLanes
+// scores with one store. Keys from n_keys up to the next multiple of kLanes score 0 (the
+// caller masks them); rows past n_keys are never read.
 template <typename scalar_t, int D>
-inline void dot_rows(const float* q, const scalar_t* k_row, int64_t nvec, float* scores,
-                     int64_t score_stride) {
+inline void block_scores(const float* q, const scalar_t* k_rows, int64_t row_stride,
+                         int64_t n_keys, int64_t nvec, float* scores, int64_t padded) {
   constexpr int C = D / kLanes;
-  vf kr[C];
-  for (int c = 0; c < C; ++c) kr[c] = loadv(k_row + kLanes * c);
-  int64_t v = 0;
-  for (; v + 4 <= nvec; v += 4) {
-    vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
-    const float* q0 = q + v * D;
-    for (int c = 0; c < C; ++c) {
-      a0 += loadv(q0 + kLanes * c) * kr[c];
-      a1 += loadv(q0 + D + kLanes * c) * kr[c];
-      a2 += loadv(q0 + 2 * D + kLanes * c) * kr[c];
-      a3 += loadv(q0 + 3 * D + kLanes * c) * kr[c];
+  for (int64_t j0 = 0; j0 < n_keys; j0 += kLanes) {
+    const int64_t keys = std::min<int64_t>(kLanes, n_keys - j0);
+    for (int64_t v = 0; v < nvec; ++v) {
+      vf qr[C];  // the query vector, held in registers across the keys
+      for (int c = 0; c < C; ++c) qr[c] = loadv(q + v * D + kLanes * c);
+      vf part[kLanes];
+      for (int jj = 0; jj < kLanes; ++jj) {
+        vf a = {}, b = {};  // two chains: a key's products are not one long dependency
+        if (jj < keys) {
+          const scalar_t* k_row = k_rows + (j0 + jj) * row_stride;
+          for (int c = 0; c + 1 < C; c += 2) {
+            a += qr[c] * loadv(k_row + kLanes * c);
+            b += qr[c + 1] * loadv(k_row + kLanes * (c + 1));
+          }
+          if constexpr (C % 2 == 1) a += qr[C - 1] * loadv(k_row + kLanes * (C - 1));
+        }
+        part[jj] = a + b;
+      }
+      storev(scores + v * padded + j0, transpose_sum(part));
     }
-    scores[v * score_stride] = hsum(a0);
-    scores[(v + 1) * score_stride] = hsum(a1);
-    scores[(v + 2) * score_stride] = hsum(a2);
-    scores[(v + 3) * score_stride] = hsum(a3);
-  }
-  for (; v < nvec; ++v) {
-    vf a = {};
-    for (int c = 0; c < C; ++c) a += loadv(q + v * D + kLanes * c) * kr[c];
-    scores[v * score_stride] = hsum(a);
   }
 }
 
-// acc[v] += p[v] * v_row for every vector with a non-zero weight; v_row stays in registers.
+// acc[v] += sum_j p[v][j] * V[j] over the block's keys, a vector's accumulator held in
+// registers across the keys (a zero weight, a key the query may not see, is skipped).
 template <typename scalar_t, int D>
-inline void accumulate_rows(const float* p, int64_t p_stride, const scalar_t* v_row,
-                            int64_t nvec, float* acc) {
+inline void block_values(const float* p, int64_t padded, const scalar_t* v_rows,
+                         int64_t row_stride, int64_t n_keys, int64_t nvec, float* acc) {
   constexpr int C = D / kLanes;
-  vf vr[C];
-  for (int c = 0; c < C; ++c) vr[c] = loadv(v_row + kLanes * c);
   for (int64_t v = 0; v < nvec; ++v) {
-    const float w = p[v * p_stride];
-    if (w == 0.f) continue;
-    float* a = acc + v * D;
-    const vf wv = splat(w);
-    for (int c = 0; c < C; ++c) storev(a + kLanes * c, loadv(a + kLanes * c) + wv * vr[c]);
+    const float* pv = p + v * padded;
+    float* out = acc + v * D;
+    vf a[C];
+    for (int c = 0; c < C; ++c) a[c] = loadv(out + kLanes * c);
+    for (int64_t j = 0; j < n_keys; ++j) {
+      const float w = pv[j];
+      if (w == 0.f) continue;
+      const vf wv = splat(w);
+      const scalar_t* v_row = v_rows + j * row_stride;
+      for (int c = 0; c < C; ++c) a[c] += wv * loadv(v_row + kLanes * c);
+    }
+    for (int c = 0; c < C; ++c) storev(out + kLanes * c, a[c]);
   }
 }
 
@@ -110,10 +120,10 @@ inline void axpy(float w, const scalar_t* v, float* acc, int64_t head_dim) {
   for (int64_t d = 0; d < head_dim; ++d) acc[d] += w * static_cast<float>(v[d]);
 }
 
-// Softmax of one block's scores for one query vector, folded into the running state:
-// s[0, padded) holds the scores (-inf where the key is invisible or past the block's end);
+// Softmax of one chunk's scores for one query vector, folded into the running state:
+// s[0, padded) holds the scores (-inf where the key is invisible or past its block's end);
 // on return it holds the unnormalised weights e^(s - new_max), and acc, run_max and run_sum
-// are rescaled and updated. Returns false when nothing in the block was visible.
+// are rescaled and updated. Returns false when nothing in the chunk was visible.
 inline bool softmax_block(float* s, int64_t padded, float* acc, int64_t head_dim,
                           float& run_max, float& run_sum) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -143,20 +153,55 @@ inline bool softmax_block(float* s, int64_t padded, float* acc, int64_t head_dim
   return true;
 }
 
-// Ask for a block's rows of one head ([block_size] rows of head_dim, row_stride apart)
-// ahead of use: blocks sit anywhere in the pool, so the hardware cannot guess the next one.
+// Ask for bytes [0, n) from p ahead of use: blocks sit anywhere in the pool, so the
+// hardware cannot guess the next one.
 template <typename scalar_t>
-inline void prefetch_head_rows(const scalar_t* first_row, int64_t rows, int64_t row_stride,
-                               int64_t head_dim) {
-  constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(scalar_t));  // elements per cache line
-  for (int64_t r = 0; r < rows; ++r) {
-    const scalar_t* row = first_row + r * row_stride;
-    for (int64_t d = 0; d < head_dim; d += kLine) __builtin_prefetch(row + d, 0, 3);
+inline void prefetch_lines(const scalar_t* p, int64_t n) {
+  const char* bytes = reinterpret_cast<const char*>(p);
+  for (int64_t i = 0; i < n; i += 64) __builtin_prefetch(bytes + i, 0, 3);
+}
+
+// K[j] . q[v] for a block's keys j < n_keys and one KV head's query vectors, into
+// scores[v * stride + j]. D == 0: any head_dim, scalar.
+template <typename scalar_t, int D>
+inline void score_block(const float* q, const scalar_t* k_rows, int64_t row_stride,
+                        int64_t n_keys, int64_t nvec, int64_t head_dim, float* scores,
+                        int64_t stride) {
+  if constexpr (D > 0) {
+    block_scores<scalar_t, D>(q, k_rows, row_stride, n_keys, nvec, scores, stride);
+  } else {
+    for (int64_t j = 0; j < n_keys; ++j) {
+      for (int64_t v = 0; v < nvec; ++v) {
+        scores[v * stride + j] = dot(q + v * head_dim, k_rows + j * row_stride, head_dim);
+      }
+    }
   }
 }
 
-// D > 0: a head_dim of D, register-blocked with the cache widened to fp32 lanes as it is
-// read; D == 0: any head_dim, scalar dot products and value sums.
+// acc[v] += sum_j p[v * stride + j] * V[j] for a block's keys and one KV head's vectors.
+template <typename scalar_t, int D>
+inline void add_block_values(const float* p, int64_t stride, const scalar_t* v_rows,
+                             int64_t row_stride, int64_t n_keys, int64_t nvec, int64_t head_dim,
+                             float* acc) {
+  if constexpr (D > 0) {
+    block_values<scalar_t, D>(p, stride, v_rows, row_stride, n_keys, nvec, acc);
+  } else {
+    for (int64_t j = 0; j < n_keys; ++j) {
+      for (int64_t v = 0; v < nvec; ++v) {
+        const float w = p[v * stride + j];
+        if (w != 0.f) axpy(w, v_rows + j * row_stride, acc + v * head_dim, head_dim);
+      }
+    }
+  }
+}
+
+// One work item: a tile of a sequence's queries, every head. Its context is walked in
+// chunks of whole blocks (about kChunkKeys keys): every key of the chunk is scored for every
+// query vector, one softmax update per vector folds the chunk in, then the values are
+// summed. Each block's K, then its V (block_size rows of all heads, contiguous) is read in
+// one visit while the next block's is prefetched, so K/V come from memory once per tile.
+// D > 0: a head_dim of D, vectorised with the cache widened to fp32 lanes as it is read;
+// D == 0: any head_dim, scalar dot products and value sums.
 template <typename scalar_t, int D>
 void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cache,
               const scalar_t* v_cache, const int64_t* block_tables, const int64_t* cu_q,
@@ -167,84 +212,113 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
   const int64_t group = num_heads / num_kv_heads;
   const int64_t q_start = cu_q[item.seq];
   const int64_t q_len = cu_q[item.seq + 1] - q_start;
-  const int64_t ctx = context_lens[item.seq];
-  const int64_t first_pos = ctx - q_len;  // absolute position of the chunk's first query
+  const int64_t first_pos = context_lens[item.seq] - q_len;  // position of the chunk's first query
   const int64_t tile_tokens = item.tile_end - item.tile_start;
-  const int64_t nvec = tile_tokens * group;  // query vectors in this tile
+  const int64_t per_head = tile_tokens * group;  // query vectors of one KV head
+  const int64_t nvec = per_head * num_kv_heads;  // query vectors in this tile
   const int64_t* table = block_tables + item.seq * max_blocks;
   const int64_t row_stride = num_kv_heads * head_dim;  // between consecutive slots
-  // A score row per query vector, padded to whole vectors: [nvec, padded]
-  const int64_t padded = (block_size + kLanes - 1) / kLanes * kLanes;
+  const int64_t block_stride = block_size * row_stride;  // between blocks
+  const int64_t block_bytes = block_stride * static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t padded = (block_size + kLanes - 1) / kLanes * kLanes;  // a block's scores, whole vectors
+  const int64_t tile_last_key = first_pos + item.tile_end - 1;
+  const int64_t num_blocks = tile_last_key / block_size + 1;
+  const int64_t chunk_blocks = std::max<int64_t>(1, kChunkKeys / block_size);
+  const int64_t width = std::min(chunk_blocks, num_blocks) * padded;  // scores per vector and chunk
 
-  // q_tile[v][d]: query vector v = token t * group + g, pre-scaled.
+  // q_tile[v][d] for v = h * per_head + t * group + g (KV head h, token t, member g of h's
+  // query group), pre-scaled; acc, run_max, run_sum, last_key and the score rows
+  // ([nvec, width]: block c of the chunk at c * padded) are indexed the same way.
   std::vector<float> q_tile(nvec * head_dim);
   std::vector<float> acc(nvec * head_dim, 0.f);
   std::vector<float> run_max(nvec, kNegInf);
   std::vector<float> run_sum(nvec, 0.f);
   std::vector<int64_t> last_key(nvec);  // highest key position the vector may see
-  std::vector<float> scores(nvec * padded);
-  for (int64_t t = 0; t < tile_tokens; ++t) {
-    const int64_t token = q_start + item.tile_start + t;
-    for (int64_t g = 0; g < group; ++g) {
-      const int64_t v = t * group + g;
-      const scalar_t* src = query + (token * num_heads + item.kv_head * group + g) * head_dim;
-      for (int64_t d = 0; d < head_dim; ++d) q_tile[v * head_dim + d] = static_cast<float>(src[d]) * scale;
-      last_key[v] = first_pos + item.tile_start + t;
-    }
-  }
-  const int64_t tile_last_key = first_pos + item.tile_end - 1;
-  const int64_t num_blocks = tile_last_key / block_size + 1;
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    const int64_t block = table[b];
-    const int64_t base_pos = b * block_size;
-    const int64_t n_keys = std::min(block_size, tile_last_key + 1 - base_pos);
-    const scalar_t* k_block = k_cache + block * block_size * row_stride + item.kv_head * head_dim;
-    const scalar_t* v_block = v_cache + block * block_size * row_stride + item.kv_head * head_dim;
-    if (b + 1 < num_blocks) {  // start loading the next block's rows of this head
-      prefetch_head_rows(k_cache + table[b + 1] * block_size * row_stride + item.kv_head * head_dim,
-                         block_size, row_stride, head_dim);
-      prefetch_head_rows(v_cache + table[b + 1] * block_size * row_stride + item.kv_head * head_dim,
-                         block_size, row_stride, head_dim);
-    }
-    // scores[v][j] for the block's visible keys; invisible and missing keys get -inf.
-    for (int64_t j = 0; j < n_keys; ++j) {
-      const scalar_t* k_row = k_block + j * row_stride;
-      if constexpr (D > 0) {
-        dot_rows<scalar_t, D>(q_tile.data(), k_row, nvec, scores.data() + j, padded);
-      } else {
-        for (int64_t v = 0; v < nvec; ++v) {
-          scores[v * padded + j] = dot(q_tile.data() + v * head_dim, k_row, head_dim);
-        }
+  std::vector<float> scores(nvec * width);
+  for (int64_t h = 0; h < num_kv_heads; ++h) {
+    for (int64_t t = 0; t < tile_tokens; ++t) {
+      const int64_t token = q_start + item.tile_start + t;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t v = h * per_head + t * group + g;
+        const scalar_t* src = query + (token * num_heads + h * group + g) * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) q_tile[v * head_dim + d] = static_cast<float>(src[d]) * scale;
+        last_key[v] = first_pos + item.tile_start + t;
       }
     }
+  }
+  auto keys_in = [&](int64_t b) { return std::min(block_size, tile_last_key + 1 - b * block_size); };
+  for (int64_t c0 = 0; c0 < num_blocks; c0 += chunk_blocks) {
+    const int64_t c1 = std::min(num_blocks, c0 + chunk_blocks);
+    for (int64_t b = c0; b < c1; ++b) {  // scores of every vector, a block's K at a time
+      // next: this chunk's next K block, else its first V block
+      prefetch_lines(b + 1 < c1 ? k_cache + table[b + 1] * block_stride : v_cache + table[c0] * block_stride,
+                     block_bytes);
+      const scalar_t* k_block = k_cache + table[b] * block_stride;  // [block_size, Hkv, D]
+      for (int64_t h = 0; h < num_kv_heads; ++h) {
+        score_block<scalar_t, D>(q_tile.data() + h * per_head * head_dim, k_block + h * head_dim,
+                                 row_stride, keys_in(b), per_head, head_dim,
+                                 scores.data() + h * per_head * width + (b - c0) * padded, width);
+      }
+    }
+    const int64_t used = (c1 - c0) * padded;
     for (int64_t v = 0; v < nvec; ++v) {  // causal: a query sees no key after itself
-      const int64_t visible = std::max<int64_t>(0, std::min(n_keys, last_key[v] - base_pos + 1));
-      std::fill(scores.data() + v * padded + visible, scores.data() + (v + 1) * padded, kNegInf);
-      softmax_block(scores.data() + v * padded, padded, acc.data() + v * head_dim, head_dim,
-                    run_max[v], run_sum[v]);
+      float* row = scores.data() + v * width;
+      for (int64_t b = c0; b < c1; ++b) {
+        const int64_t visible = std::clamp<int64_t>(last_key[v] - b * block_size + 1, 0, keys_in(b));
+        std::fill(row + (b - c0) * padded + visible, row + (b - c0 + 1) * padded, kNegInf);
+      }
+      softmax_block(row, used, acc.data() + v * head_dim, head_dim, run_max[v], run_sum[v]);
     }
-    // acc[v] += sum_j p[v][j] * V[j]: each value row is loaded once for all vectors.
-    for (int64_t j = 0; j < n_keys; ++j) {
-      const scalar_t* v_row = v_block + j * row_stride;
-      if constexpr (D > 0) {
-        accumulate_rows<scalar_t, D>(scores.data() + j, padded, v_row, nvec, acc.data());
-      } else {
-        for (int64_t v = 0; v < nvec; ++v) {
-          const float p = scores[v * padded + j];
-          if (p != 0.f) axpy(p, v_row, acc.data() + v * head_dim, head_dim);
-        }
+    for (int64_t b = c0; b < c1; ++b) {  // acc += weights x V, a block's V at a time
+      if (b + 1 < c1) {
+        prefetch_lines(v_cache + table[b + 1] * block_stride, block_bytes);
+      } else if (c1 < num_blocks) {
+        prefetch_lines(k_cache + table[c1] * block_stride, block_bytes);
+      }
+      const scalar_t* v_block = v_cache + table[b] * block_stride;
+      for (int64_t h = 0; h < num_kv_heads; ++h) {
+        add_block_values<scalar_t, D>(scores.data() + h * per_head * width + (b - c0) * padded, width,
+                                      v_block + h * head_dim, row_stride, keys_in(b), per_head,
+                                      head_dim, acc.data() + h * per_head * head_dim);
       }
     }
   }
-  for (int64_t t = 0; t < tile_tokens; ++t) {
-    const int64_t token = q_start + item.tile_start + t;
-    for (int64_t g = 0; g < group; ++g) {
-      const int64_t v = t * group + g;
-      const float inv = 1.f / run_sum[v];  // every query sees at least its own key
-      scalar_t* dst = out + (token * num_heads + item.kv_head * group + g) * head_dim;
-      for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<scalar_t>(acc[v * head_dim + d] * inv);
+  for (int64_t h = 0; h < num_kv_heads; ++h) {
+    for (int64_t t = 0; t < tile_tokens; ++t) {
+      const int64_t token = q_start + item.tile_start + t;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t v = h * per_head + t * group + g;
+        const float inv = 1.f / run_sum[v];  // every query sees at least its own key
+        scalar_t* dst = out + (token * num_heads + h * group + g) * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<scalar_t>(acc[v * head_dim + d] * inv);
+      }
     }
   }
+}
+
+// Cut the items into `parts` contiguous runs of about equal work (query tokens x keys
+// seen, plus a fixed cost per item): contexts differ in length, so equal item counts would
+// leave one thread waiting for the other at the end. Returns parts + 1 bounds.
+std::vector<int64_t> split_by_work(const std::vector<WorkItem>& items, const int64_t* cu_q,
+                                   const int64_t* ctx, int64_t parts) {
+  constexpr int64_t kItemCost = 64;  // setting up an item, in key-token units
+  std::vector<int64_t> cost(items.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const WorkItem& it = items[i];
+    const int64_t first_pos = ctx[it.seq] - (cu_q[it.seq + 1] - cu_q[it.seq]);
+    cost[i] = (it.tile_end - it.tile_start) * (first_pos + it.tile_end) + kItemCost;
+    total += cost[i];
+  }
+  std::vector<int64_t> bounds{0};
+  int64_t done = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    done += cost[i];
+    const auto next = static_cast<int64_t>(bounds.size());  // the part this item would close
+    if (next < parts && done * parts >= total * next) bounds.push_back(static_cast<int64_t>(i) + 1);
+  }
+  while (static_cast<int64_t>(bounds.size()) <= parts) bounds.push_back(static_cast<int64_t>(items.size()));
+  return bounds;
 }
 
 template <typename scalar_t, int D>
@@ -252,10 +326,14 @@ void run_items(const std::vector<WorkItem>& items, const scalar_t* q, const scal
                const scalar_t* v, const int64_t* bt, const int64_t* cu_q, const int64_t* ctx,
                scalar_t* out, int64_t max_blocks, int64_t num_heads, int64_t num_kv_heads,
                int64_t head_dim, int64_t block_size, float scale) {
-  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      run_item<scalar_t, D>(items[i], q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
-                            num_kv_heads, head_dim, block_size, scale);
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items.size()));
+  const std::vector<int64_t> bounds = split_by_work(items, cu_q, ctx, parts);
+  at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t part = begin; part < end; ++part) {
+      for (int64_t i = bounds[part]; i < bounds[part + 1]; ++i) {
+        run_item<scalar_t, D>(items[i], q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
+                              num_kv_heads, head_dim, block_size, scale);
+      }
     }
   });
 }
@@ -318,9 +396,7 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
     TORCH_CHECK(q_len <= ctx[s], "paged_attention: more queries than context");
     TORCH_CHECK((ctx[s] + block_size - 1) / block_size <= max_blocks || q_len == 0,
                 "paged_attention: block table too short");
-    for (int64_t t0 = 0; t0 < q_len; t0 += kQueryTile) {
-      for (int64_t h = 0; h < num_kv_heads; ++h) items.push_back({s, h, t0, std::min(q_len, t0 + kQueryTile)});
-    }
+    for (int64_t t0 = 0; t0 < q_len; t0 += kQueryTile) items.push_back({s, t0, std::min(q_len, t0 + kQueryTile)});
   }
   auto out = torch::empty_like(query);  // [T, H, D]
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
