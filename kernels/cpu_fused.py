@@ -1,5 +1,6 @@
 """Fused element-wise ops of a Llama-family layer: residual add + RMSNorm, rotary
-embedding of q and k in place, and SiLU-and-multiply.
+embedding of q and k in place, and SiLU-and-multiply; and the sampler's per-row maximum
+and its index (torch's argmax over a batch of logits runs on one thread).
 
 Two implementations behind one interface: :data:`TORCH_OPS`, plain torch (the reference,
 every device and dtype), and the native CPU build of ``csrc/fused_cpu.cpp`` for fp32
@@ -36,6 +37,10 @@ class SiluMul(Protocol):
     def __call__(self, gate_up: torch.Tensor) -> torch.Tensor: ...
 
 
+class MaxPerRow(Protocol):
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 @dataclass(frozen=True)
 class LayerOps:
     """The fused ops of one implementation."""
@@ -44,6 +49,7 @@ class LayerOps:
     add_rms_norm: AddRmsNorm
     rope_qk_: RopeQK
     silu_mul: SiluMul
+    max_per_row: MaxPerRow
 
 
 def torch_add_rms_norm(hidden: torch.Tensor,  # [T, H], updated in place when delta is given
@@ -77,8 +83,15 @@ def torch_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2 I] -> [T, I]
     return F.silu(gate) * up
 
 
+def torch_max_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [R, V] -> [R], [R]
+    """Each row's maximum and the index of its first occurrence (``torch.max(x, dim=-1)``:
+    a row with a NaN gives NaN and the index of its first NaN)."""
+    values, indices = torch.max(x, dim=-1)
+    return values, indices
+
+
 TORCH_OPS = LayerOps(name="torch", add_rms_norm=torch_add_rms_norm, rope_qk_=torch_rope_qk_,
-                     silu_mul=torch_silu_mul)
+                     silu_mul=torch_silu_mul, max_per_row=torch_max_per_row)
 
 
 def native_ops(isa: str | None = None) -> LayerOps:
@@ -100,7 +113,7 @@ def _native_ops(isa: str) -> LayerOps:
         return ext.add_rms_norm(hidden, empty if delta is None else delta, weight, float(eps))
 
     return LayerOps(name="cpu", add_rms_norm=add_rms_norm, rope_qk_=ext.rope_qk_,
-                    silu_mul=ext.silu_mul)
+                    silu_mul=ext.silu_mul, max_per_row=ext.max_per_row)
 
 
 def ops_for(device: torch.device, dtype: torch.dtype, prefer_native: bool = True) -> LayerOps:

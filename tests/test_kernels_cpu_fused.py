@@ -69,6 +69,35 @@ def test_silu_mul_matches_torch(ops, rows: int, inter: int) -> None:
     assert torch.isfinite(got).all()
 
 
+@pytest.mark.parametrize("rows", [1, 5, 64])
+@pytest.mark.parametrize("vocab", [49152, 1000, 7])  # whole vectors, a tail, less than one
+def test_max_per_row_is_torch_max(ops, rows: int, vocab: int) -> None:
+    gen = torch.Generator().manual_seed(rows + vocab)
+    x = torch.randn(rows, vocab, generator=gen)
+    x[0, vocab // 3] = x[0, vocab - 1] = 50.0  # a tie: the first index wins
+    if rows > 1:
+        x[1, vocab - 1] = float("inf")  # +inf in the tail
+    if rows > 2:
+        x[2, vocab // 2] = x[2, vocab - 1] = float("nan")  # NaN beats everything, first one
+        x[2, 0] = float("inf")
+    if rows > 3:
+        x[3] = float("-inf")  # all masked
+    if rows > 4:
+        x[4] = 0.0  # all equal
+    values, indices = ops.max_per_row(x)
+    want_values, want_indices = torch.max(x, dim=-1)
+    assert torch.equal(indices, want_indices)
+    assert torch.equal(values.isnan(), want_values.isnan())
+    assert torch.equal(values.nan_to_num(0), want_values.nan_to_num(0))
+
+
+def test_max_per_row_reads_strided_rows(ops) -> None:
+    wide = torch.randn(6, 300)
+    rows = wide[:, 10:250]  # a view whose rows are 300 apart
+    values, indices = ops.max_per_row(rows)
+    assert torch.equal(indices, rows.argmax(dim=-1)) and torch.equal(values, rows.amax(dim=-1))
+
+
 def test_other_dtypes_and_devices_get_the_torch_reference() -> None:
     assert cpu_fused.ops_for(torch.device("cpu"), torch.bfloat16) is cpu_fused.TORCH_OPS
     assert cpu_fused.ops_for(torch.device("cpu"), torch.float32, prefer_native=False) is cpu_fused.TORCH_OPS
@@ -82,3 +111,5 @@ def test_bad_inputs_are_refused(ops) -> None:
         ops.add_rms_norm(torch.randn(2, 8), torch.randn(3, 8), torch.ones(8), 1e-6)
     with pytest.raises(RuntimeError, match="heads"):
         ops.rope_qk_(torch.randn(2, 64), torch.ones(2, 16), torch.ones(2, 16), 3, 1)
+    with pytest.raises(RuntimeError, match="empty"):
+        ops.max_per_row(torch.randn(2, 0))

@@ -82,6 +82,15 @@ inline float hmax(vf v) {
   return fold(v, [](vf a, vf b) { return a > b ? a : b; })[0];
 }
 
+// Whether any lane of a comparison's result (-1 where true, 0 where false) is set.
+inline bool any_lane(vi mask) {
+#if defined(__AVX512F__)
+  return _mm512_test_epi32_mask((__m512i)mask, (__m512i)mask) != 0;
+#else
+  return _mm256_movemask_ps((__m256)mask) != 0;
+#endif
+}
+
 // Eight sums in one 8-float vector: lane i = the sum of p[i]'s eight lanes. Two rounds of
 // pairwise adds within 128-bit halves, then one swap of halves: about 2.6 instructions per
 // vector against 6 for a separate hsum of each.

@@ -10,6 +10,9 @@
 //       out[d] = x[d] cos[d] - x[d + D/2] sin[d] for d < D/2, x[d] cos[d] + x[d - D/2] sin[d]
 //       after; v is left alone.
 //   silu_mul(gate_up [T, 2 I]) -> [T, I]: silu(gate) * up, silu(x) = x / (1 + e^-x).
+//   max_per_row(x [R, V]) -> (values [R], indices [R] int64): torch.max(x, dim=-1) (the first
+//       index of the maximum; a row with a NaN gives NaN and its first NaN's index), rows in
+//       parallel where torch's argmax of a logits batch runs on one thread.
 //
 // Built with -ffp-contract=off (kernels/cpu_native.py), so no multiply-add is fused and every
 // product and sum is rounded as torch's separate ops round it; only the order of the squares'
@@ -20,6 +23,8 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <limits>
+#include <tuple>
 #include <vector>
 
 #include "cpu_vec.h"
@@ -136,8 +141,52 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   return out;
 }
 
+// The maximum of one row and the index of its first occurrence (NaN beats everything).
+std::pair<float, int64_t> row_max(const float* x, int64_t n) {
+  vf m = splat(-std::numeric_limits<float>::infinity());
+  vi nan = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {  // the largest non-NaN value, and whether any is NaN
+    const vf v = loadv(x + i);
+    m = v > m ? v : m;
+    nan |= v != v;
+  }
+  float best = hmax(m);
+  bool any_nan = any_lane(nan);
+  for (; i < n; ++i) {
+    any_nan = any_nan || std::isnan(x[i]);
+    best = x[i] > best ? x[i] : best;
+  }
+  int64_t j = 0;  // the first index holding it: a whole vector at a time, then its lanes
+  for (; j + kLanes <= n; j += kLanes) {
+    const vf v = loadv(x + j);
+    if (any_lane(any_nan ? v != v : v == splat(best))) break;
+  }
+  for (; j < n; ++j) {
+    if (any_nan ? std::isnan(x[j]) : x[j] == best) return {x[j], j};
+  }
+  return {best, 0};  // n == 0 is refused by the caller
+}
+
+std::tuple<torch::Tensor, torch::Tensor> max_per_row(torch::Tensor x) {
+  check_rows(x, "max_per_row");
+  const int64_t rows = x.size(0), n = x.size(1);
+  TORCH_CHECK(n > 0, "max_per_row: rows must not be empty");
+  auto values = torch::empty({rows}, x.options());
+  auto indices = torch::empty({rows}, x.options().dtype(torch::kInt64));
+  const float* xp = x.data_ptr<float>();
+  float* vp = values.data_ptr<float>();
+  int64_t* ip = indices.data_ptr<int64_t>();
+  const int64_t xs = x.stride(0);
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) std::tie(vp[r], ip[r]) = row_max(xp + r * xs, n);
+  });
+  return {values, indices};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual add (in place) and RMSNorm, fp32 rows");
   m.def("rope_qk_", &rope_qk_, "rotary embedding of the q and k parts of qkv rows, in place");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of [rows, 2 I] gate_up rows");
+  m.def("max_per_row", &max_per_row, "torch.max(x, dim=-1) of fp32 rows, rows in parallel");
 }

@@ -8,8 +8,10 @@ Per row, in this order:
    frequency * count``);
 2. min_tokens: while ``len(output) < min_tokens`` the eos ids and the request's
    ``stop_token_ids`` are set to ``-inf`` (also with ``ignore_eos``);
-3. greedy rows (``temperature < 1e-5``): ``torch.argmax`` of the logits after 1-2, so
-   ties go to the lowest token id exactly like Hugging Face ``generate``;
+3. greedy rows (``temperature < 1e-5``): the argmax of the logits after 1-2 (the first
+   index of the row's maximum, ``max_per_row`` of ``kernels.cpu_fused``: native rows in
+   parallel for fp32 on the CPU, else ``torch.max``), so ties go to the lowest token id
+   exactly like Hugging Face ``generate``;
 4. other rows: temperature, top-k, top-p, min-p (in that order, as Hugging Face applies
    its warpers), then one draw by exponential race, ``argmax(probs / E)`` with
    ``E ~ Exponential(1)`` over the full vocabulary. A seeded row draws its ``E`` from its
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels.cpu_fused import ops_for
 from worker.engine.logit_adjust import apply_penalties_and_masks
 from worker.engine.outputs import TokenLogprob
 from worker.engine.rank_filter import NUM_CANDIDATES, rank_filter_mask
@@ -105,7 +108,10 @@ class Sampler:
         logits = logits.float()  # [R, V]; no copy when already float32
         errors = self._bias_errors(rows, logits.shape[1])
         logits = apply_penalties_and_masks(logits, rows, self.eos_token_ids)  # a copy if anything changed
-        bad = unusable_rows(logits)  # [R]
+        # each row's maximum and its first index: [R], [R]; a NaN, a +inf or an all -inf
+        # row is unusable (as unusable_rows), and the index is a greedy row's token
+        row_max, row_argmax = ops_for(logits.device, logits.dtype).max_per_row(logits)
+        bad = ~torch.isfinite(row_max)  # [R]
         if bool(bad.any()) or any(errors):
             logits = logits.clone()  # never write into the caller's tensor
             for i in bad.nonzero().flatten().tolist():
@@ -114,12 +120,12 @@ class Sampler:
 
         greedy_rows = [i for i, row in enumerate(rows) if is_greedy(row.params)]
         if len(greedy_rows) == len(rows):
-            tokens = logits.argmax(dim=-1)  # [R]: the all-greedy fast path
+            tokens = row_argmax  # [R]: the all-greedy fast path (a failed row's is unused)
         else:
             tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)  # [R]
             if greedy_rows:
                 g_idx = self._index(greedy_rows, logits.device)  # [G]
-                tokens[g_idx] = logits[g_idx].argmax(dim=-1)
+                tokens[g_idx] = row_argmax[g_idx]
             sampled_rows = [i for i, row in enumerate(rows) if not is_greedy(row.params)]
             s_idx = self._index(sampled_rows, logits.device)  # [S]
             drawn, late_bad = self._sample_rows(logits[s_idx], [rows[i] for i in sampled_rows])
