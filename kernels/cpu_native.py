@@ -5,7 +5,9 @@
 over a cached prefix: all of decode, and prefill steps whose chunks are short. It is compiled once
 with ``torch.utils.cpp_extension`` (g++ and ninja; the build is cached under
 ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) and runs on torch's
-intra-op thread pool. KV writes stay with the reference (one ``index_copy_`` per step).
+intra-op thread pool. KV writes are one native call per layer (``write_kv``: a copy of each
+token's K and V rows to its slot), in place of the reference's masking and two
+``index_copy_`` calls.
 
 The kernel is built once per instruction set: ``avx512`` (16-float vectors) or ``avx2``
 (8-float vectors), chosen at run time from the CPU's capability as torch reports it, so a
@@ -199,5 +201,10 @@ def make_backend(isa: str | None = None) -> AttentionBackend:
         return prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q,
                                  context_lens, scale, ext)
 
-    return AttentionBackend(name="cpu", write_kv=reference.write_kv,
+    def write(key, value, k_cache, v_cache, slot_mapping):
+        if key.dtype != k_cache.dtype or value.dtype != v_cache.dtype:
+            return reference.write_kv(key, value, k_cache, v_cache, slot_mapping)  # casts
+        return ext.write_kv(key, value, k_cache, v_cache, slot_mapping)
+
+    return AttentionBackend(name="cpu", write_kv=write,
                             decode_attention=decode, prefill_attention=prefill)

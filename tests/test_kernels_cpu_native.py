@@ -150,3 +150,23 @@ def test_cpu_devices_get_the_native_backend() -> None:
     assert get_backend("cpu", prefer="torch").name == "torch"
     with pytest.raises(ValueError, match="unknown attention backend"):
         get_backend("cpu", prefer="metal")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_matches_the_reference(dtype: torch.dtype) -> None:
+    backend = cpu_native.make_backend()
+    gen = torch.Generator().manual_seed(5)
+    qkv = torch.randn(6, (9 + 2 * 3) * 8, generator=gen).to(dtype)  # [T, (Hq + 2 Hkv) * D]
+    key = qkv[:, 72:96].view(6, 3, 8)  # strided rows, as the model passes them
+    value = qkv[:, 96:].view(6, 3, 8)
+    slots = torch.tensor([5, -1, 0, 31, 17, -3])  # negative: skipped
+    want_k, want_v = torch.zeros(4, 8, 3, 8, dtype=dtype), torch.zeros(4, 8, 3, 8, dtype=dtype)
+    got_k, got_v = want_k.clone(), want_v.clone()
+    reference.write_kv(key, value, want_k, want_v, slots)
+    backend.write_kv(key, value, got_k, got_v, slots)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+    half_k, half_v = torch.zeros(4, 8, 3, 8, dtype=torch.float16), torch.zeros(4, 8, 3, 8, dtype=torch.float16)
+    backend.write_kv(key, value, half_k, half_v, slots)  # another cache dtype: cast as the reference does
+    assert torch.equal(half_k, want_k.to(torch.float16))
+    with pytest.raises(RuntimeError, match="past the pool"):
+        backend.write_kv(key, value, got_k, got_v, torch.tensor([0, 1, 2, 3, 4, 32]))

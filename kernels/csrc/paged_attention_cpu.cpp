@@ -411,7 +411,44 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
   return out;
 }
 
+// key/value [T, Hkv, D] (rows may be strided: views of a fused qkv output); caches
+// [NB, BS, Hkv, D]; slot_mapping [T]: token t's K and V rows go to slot block * BS + offset;
+// a negative slot is skipped. One call for both caches instead of a handful of torch ops
+// per layer (the copies are a few hundred bytes each).
+void write_kv(torch::Tensor key, torch::Tensor value, torch::Tensor k_cache, torch::Tensor v_cache,
+              torch::Tensor slot_mapping) {
+  TORCH_CHECK(key.device().is_cpu() && k_cache.device().is_cpu(), "write_kv: CPU tensors only");
+  TORCH_CHECK(key.dim() == 3 && value.sizes() == key.sizes(), "write_kv: key and value must be [T, Hkv, D] alike");
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "write_kv: K and V caches differ in shape");
+  TORCH_CHECK(key.size(1) == k_cache.size(2) && key.size(2) == k_cache.size(3), "write_kv: head shape mismatch");
+  TORCH_CHECK(key.scalar_type() == k_cache.scalar_type() && value.scalar_type() == v_cache.scalar_type(),
+              "write_kv: key/value and cache dtypes differ");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "write_kv: cache not contiguous");
+  const int64_t row = key.size(1) * key.size(2);  // elements of one token's K (or V)
+  if (key.stride(2) != 1 || key.stride(1) != key.size(2)) key = key.contiguous();
+  if (value.stride(2) != 1 || value.stride(1) != value.size(2)) value = value.contiguous();
+  slot_mapping = slot_mapping.to(torch::kInt64).contiguous();
+  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == key.size(0), "write_kv: one slot per token");
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < key.size(0); ++t) {
+    TORCH_CHECK(slots[t] < num_slots, "write_kv: slot ", slots[t], " is past the pool's ", num_slots);
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, key.scalar_type(), "write_kv", [&] {
+    const scalar_t* kp = key.data_ptr<scalar_t>();
+    const scalar_t* vp = value.data_ptr<scalar_t>();
+    scalar_t* kc = k_cache.data_ptr<scalar_t>();
+    scalar_t* vc = v_cache.data_ptr<scalar_t>();
+    for (int64_t t = 0; t < key.size(0); ++t) {
+      if (slots[t] < 0) continue;
+      std::memcpy(kc + slots[t] * row, kp + t * key.stride(0), row * sizeof(scalar_t));
+      std::memcpy(vc + slots[t] * row, vp + t * value.stride(0), row * sizeof(scalar_t));
+    }
+  });
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention,
         "Paged attention over ragged query chunks with a cached prefix (CPU)");
+  m.def("write_kv", &write_kv, "Store each token's K and V rows at its slot (CPU); negative slots skipped");
 }
