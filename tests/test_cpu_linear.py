@@ -79,3 +79,21 @@ def test_memory_stays_flat_over_many_row_counts() -> None:
     capped = _memory_growth_mib({})
     uncapped = _memory_growth_mib({name: "1024" for name in PRIMITIVE_CACHE_ENVS})
     assert capped * 5 < uncapped, f"capped grew {capped} MiB, uncapped {uncapped} MiB"
+
+
+def test_bf16_weights_are_packed_only_where_onednn_has_a_bf16_path() -> None:
+    from worker.engine import LLMEngine, SamplingParams
+    from worker.protocol.sampling_params import InvalidRequestError
+
+    has_path = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    assert onednn_available(torch.bfloat16) == has_path and onednn_available(torch.float32)
+    engine = LLMEngine(model="tiny-llama", dtype="bfloat16", num_kv_blocks=64)
+    assert engine.prepacked == has_path  # an AVX2-only CPU falls back to F.linear
+    engine.add_request("r", prompt_token_ids=[1, 2, 3], params=SamplingParams(max_tokens=3, ignore_eos=True))
+    done = []
+    while engine.has_unfinished_requests():
+        done += [o for o in engine.step()[0] if o.finished]
+    assert len(done) == 1 and len(done[0].token_ids) == 3
+    if not has_path:
+        with pytest.raises(InvalidRequestError, match="prepack_weights=True"):
+            LLMEngine(model="tiny-llama", dtype="bfloat16", num_kv_blocks=64, prepack_weights=True)

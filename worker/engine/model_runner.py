@@ -121,10 +121,12 @@ class ModelRunner:
         self.model = model.to(device=device, dtype=self.dtype).eval()
         self.prepacked = False
         if device.type == "cpu" and args.prepack_weights is not False:
-            if onednn_available():
+            if onednn_available(self.dtype):
                 self.prepacked = pack_linears(model) > 0
             elif args.prepack_weights:
-                raise InvalidRequestError("prepack_weights=True needs a torch build with oneDNN")
+                raise InvalidRequestError(
+                    f"prepack_weights=True needs oneDNN's prepacked linears for {self.dtype} "
+                    "(this torch build or this CPU has none)")
         self.eos_token_ids = eos_token_ids(config, self.tokenizer)
         self.block_size = args.block_size
         self.num_blocks = self._num_kv_blocks(args)

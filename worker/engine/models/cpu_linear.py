@@ -24,13 +24,22 @@ PRIMITIVE_CACHE_ENVS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 PRIMITIVE_CACHE_CAPACITY = 16
 
 
-def onednn_available() -> bool:
-    """Whether this torch build has oneDNN's prepacked linear ops."""
-    return bool(
+def onednn_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build has oneDNN's prepacked linear ops for ``dtype`` on this CPU:
+    fp32 wherever oneDNN is; bf16 and fp16 only where oneDNN has a path for them (bf16
+    needs avx512bw/vl/dq or avx_ne_convert: on an AVX2-only CPU packing a bf16 weight
+    fails, and ``F.linear`` has to do)."""
+    if not (
         torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
+    ):
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if dtype == torch.float16:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return dtype == torch.float32
 
 
 class PackedLinear(nn.Module):
