@@ -53,13 +53,13 @@ struct WorkItem {
   int64_t tile_end;    // one past the last
 };
 
-// scores[v][j] = q[v] . K[j] for the block's keys j < n_keys, kLanes keys at a time: each
+// scores[v * stride + j] = q[v] . K[j] for the block's keys j < n_keys, kLanes keys at a time: each
 // key's products stay in one vector and transpose_sum turns kLanes of them into kLanes
 // scores with one store. Keys from n_keys up to the next multiple of kLanes score 0 (the
 // caller masks them); rows past n_keys are never read.
 template <typename scalar_t, int D>
 inline void block_scores(const float* q, const scalar_t* k_rows, int64_t row_stride,
-                         int64_t n_keys, int64_t nvec, float* scores, int64_t padded) {
+                         int64_t n_keys, int64_t nvec, float* scores, int64_t stride) {
   constexpr int C = D / kLanes;
   for (int64_t j0 = 0; j0 < n_keys; j0 += kLanes) {
     const int64_t keys = std::min<int64_t>(kLanes, n_keys - j0);
@@ -79,19 +79,19 @@ inline void block_scores(const float* q, const scalar_t* k_rows, int64_t row_str
         }
         part[jj] = a + b;
       }
-      storev(scores + v * padded + j0, transpose_sum(part));
+      storev(scores + v * stride + j0, transpose_sum(part));
     }
   }
 }
 
-// acc[v] += sum_j p[v][j] * V[j] over the block's keys, a vector's accumulator held in
+// acc[v] += sum_j p[v * stride + j] * V[j] over the block's keys, a vector's accumulator held in
 // registers across the keys (a zero weight, a key the query may not see, is skipped).
 template <typename scalar_t, int D>
-inline void block_values(const float* p, int64_t padded, const scalar_t* v_rows,
+inline void block_values(const float* p, int64_t stride, const scalar_t* v_rows,
                          int64_t row_stride, int64_t n_keys, int64_t nvec, float* acc) {
   constexpr int C = D / kLanes;
   for (int64_t v = 0; v < nvec; ++v) {
-    const float* pv = p + v * padded;
+    const float* pv = p + v * stride;
     float* out = acc + v * D;
     vf a[C];
     for (int c = 0; c < C; ++c) a[c] = loadv(out + kLanes * c);

@@ -73,10 +73,13 @@ NON_FINITE_ERROR = (
 )
 
 
-def unusable_rows(logits: torch.Tensor) -> torch.Tensor:
-    """``[R]`` bool: rows with a NaN, a +inf, or no finite value at all (the row maximum
-    is NaN when any entry is, +inf with one, -inf when all are masked)."""
-    return ~torch.isfinite(logits.amax(dim=-1))  # [R]
+def argmax_and_unusable(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pass over ``logits`` ``[R, V]``: ``[R]`` the first index of each row's maximum
+    (the greedy token) and ``[R]`` bool, rows with a NaN, a +inf, or no finite value at all
+    (the row maximum is NaN when any entry is, +inf with one, -inf when all are masked).
+    fp32 CPU rows take the native ``max_per_row`` (rows in parallel), the rest ``torch.max``."""
+    row_max, row_argmax = ops_for(logits.device, logits.dtype).max_per_row(logits)
+    return row_argmax, ~torch.isfinite(row_max)
 
 
 def is_greedy(params: SamplingParams) -> bool:
@@ -108,10 +111,7 @@ class Sampler:
         logits = logits.float()  # [R, V]; no copy when already float32
         errors = self._bias_errors(rows, logits.shape[1])
         logits = apply_penalties_and_masks(logits, rows, self.eos_token_ids)  # a copy if anything changed
-        # each row's maximum and its first index: [R], [R]; a NaN, a +inf or an all -inf
-        # row is unusable (as unusable_rows), and the index is a greedy row's token
-        row_max, row_argmax = ops_for(logits.device, logits.dtype).max_per_row(logits)
-        bad = ~torch.isfinite(row_max)  # [R]
+        row_argmax, bad = argmax_and_unusable(logits)  # [R]: a greedy row's token; [R] bool
         if bool(bad.any()) or any(errors):
             logits = logits.clone()  # never write into the caller's tensor
             for i in bad.nonzero().flatten().tolist():
@@ -186,7 +186,7 @@ class Sampler:
             [p.temperature for p in params], dtype=torch.float32, device=device
         ).unsqueeze(1)  # [S, 1]
         x = logits / temperature  # [S, V]
-        bad = unusable_rows(x)  # [S]
+        bad = argmax_and_unusable(x)[1]  # [S]
         late_bad: list[int] = bad.nonzero().flatten().tolist() if bool(bad.any()) else []
         if late_bad:
             x[self._index(late_bad, device)] = 0.0  # a uniform row, whose token is discarded

@@ -28,7 +28,7 @@ import torch
 from worker.engine.block_manager import BlockManager
 from worker.engine.logit_adjust import needs_penalties
 from worker.engine.ngram_proposer import NgramIndex
-from worker.engine.sampler import NON_FINITE_ERROR, is_greedy, unusable_rows
+from worker.engine.sampler import NON_FINITE_ERROR, argmax_and_unusable, is_greedy
 from worker.engine.sequence import Sequence
 from worker.engine.step_plan import SampledTokens, ScheduledSequence
 
@@ -109,8 +109,8 @@ def verify_drafts(
     as the sampler's own rows do."""
     rows = [r for s, first in owners for r in range(first, first + s.num_logits_rows)]
     verify_logits = logits[rows]  # [num_verify_rows, vocab]
-    targets = verify_logits.argmax(dim=-1).tolist()  # [num_verify_rows]
-    unusable = unusable_rows(verify_logits).tolist()  # [num_verify_rows]
+    argmax, unusable_mask = argmax_and_unusable(verify_logits)  # [num_verify_rows] each
+    targets, unusable = argmax.tolist(), unusable_mask.tolist()
     results: list[SampledTokens] = []
     failed: list[tuple[Sequence, str]] = []
     num_accepted = 0
