@@ -34,9 +34,22 @@ def cpu_description(cpuinfo: str | None = None) -> dict[str, Any]:
     return {"model": model or platform.processor() or None, "vector_extensions": [f for f in VECTOR_FLAGS if f in flags]}
 
 
+def mapped_allocator(maps: str | None = None) -> str:
+    """Which allocator this process runs on: ``tcmalloc`` or ``jemalloc`` when one is mapped
+    (``maps``: the text of /proc/self/maps; the ``inflight`` engine commands preload
+    tcmalloc where it is installed), else ``system``."""
+    if maps is None:
+        path = Path("/proc/self/maps")
+        maps = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+    for name in ("tcmalloc", "jemalloc"):
+        if f"lib{name}" in maps:
+            return name
+    return "system"
+
+
 def machine_description() -> dict[str, Any]:
-    """CPU, core count, torch's CPU capability and threads, the native kernel's build, and
-    library versions."""
+    """CPU, core count, torch's CPU capability and threads, the native kernel's build, the
+    memory allocator, and library versions."""
     import torch
     import transformers
 
@@ -49,7 +62,8 @@ def machine_description() -> dict[str, Any]:
     return {"cpu": cpu_description(), "platform": platform.platform(),
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "native_kernel_isa": kernel_isa, "torch": torch.__version__,
+            "native_kernel_isa": kernel_isa, "allocator": mapped_allocator(),
+            "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version()}
 
 

@@ -103,7 +103,8 @@ def format_report(result: dict[str, Any]) -> str:
     cpu = result["machine"]["cpu"]
     lines = [f"machine: {cpu['model']} ({', '.join(cpu['vector_extensions']) or 'no AVX2'}), "
              f"{result['machine']['cpu_count']} CPUs, native kernel "
-             f"{result['machine']['native_kernel_isa']}",
+             f"{result['machine']['native_kernel_isa']}, allocator "
+             f"{result['machine'].get('allocator', 'system')}",
              f"{'config':<21}{'tok/s':>9}{'wall s':>9}{'steps':>7}{'util':>8}{'steady':>8}"
              f"{'KV waste':>10}{'sched':>8}{'ms/step':>9}{'RSS MB':>8}{'agree':>8}"]
     for name, r in result["runs"].items():

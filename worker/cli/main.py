@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from worker.cli.allocator import restart_with_tcmalloc
+
 # name -> (module exposing add_parser(subparsers) and run(args) -> int, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("worker.cli.generate_cmd",
@@ -26,6 +28,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "api": ("worker.cli.api_cmd", "serve the REST API"),
     "keys": ("worker.cli.keys_cmd", "create, list and revoke API keys"),
 }
+# Commands that run the engine in this process: started again on tcmalloc where it is
+# installed (worker/cli/allocator.py).
+ENGINE_COMMANDS = frozenset({"generate", "bench", "worker"})
 
 
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
@@ -63,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help(sys.stderr)
         return 2
+    if argv is None and selected in ENGINE_COMMANDS:  # this process's own command line
+        restart_with_tcmalloc()
     return int(func(args) or 0)
 
 
