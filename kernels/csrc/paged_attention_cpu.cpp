@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "cpu_vec.h"
+#include "prefetch.h"
 
 namespace {
 
@@ -46,6 +47,7 @@ using namespace inflight_cpu;
 
 constexpr int64_t kQueryTile = 8;
 constexpr int64_t kChunkKeys = 256;  // keys scored before one softmax update (whole blocks)
+constexpr int64_t kPrefetchBlocks = 2;  // how many block visits ahead the reads are asked for
 
 struct WorkItem {
   int64_t seq;
@@ -56,10 +58,12 @@ struct WorkItem {
 // scores[v * stride + j] = q[v] . K[j] for the block's keys j < n_keys, kLanes keys at a time: each
 // key's products stay in one vector and transpose_sum turns kLanes of them into kLanes
 // scores with one store. Keys from n_keys up to the next multiple of kLanes score 0 (the
-// caller masks them); rows past n_keys are never read.
+// caller masks them); rows past n_keys are never read. One line of a later block is asked
+// for per key and vector (pf).
 template <typename scalar_t, int D>
 inline void block_scores(const float* q, const scalar_t* k_rows, int64_t row_stride,
-                         int64_t n_keys, int64_t nvec, float* scores, int64_t stride) {
+                         int64_t n_keys, int64_t nvec, float* scores, int64_t stride,
+                         Prefetcher& pf) {
   constexpr int C = D / kLanes;
   for (int64_t j0 = 0; j0 < n_keys; j0 += kLanes) {
     const int64_t keys = std::min<int64_t>(kLanes, n_keys - j0);
@@ -68,6 +72,7 @@ inline void block_scores(const float* q, const scalar_t* k_rows, int64_t row_str
       for (int c = 0; c < C; ++c) qr[c] = loadv(q + v * D + kLanes * c);
       vf part[kLanes];
       for (int jj = 0; jj < kLanes; ++jj) {
+        pf.step();
         vf a = {}, b = {};  // two chains: a key's products are not one long dependency
         if (jj < keys) {
           const scalar_t* k_row = k_rows + (j0 + jj) * row_stride;
@@ -85,10 +90,12 @@ inline void block_scores(const float* q, const scalar_t* k_rows, int64_t row_str
 }
 
 // acc[v] += sum_j p[v * stride + j] * V[j] over the block's keys, a vector's accumulator held in
-// registers across the keys (a zero weight, a key the query may not see, is skipped).
+// registers across the keys (a zero weight, a key the query may not see, is skipped). One
+// line of a later block is asked for per key and vector (pf).
 template <typename scalar_t, int D>
 inline void block_values(const float* p, int64_t stride, const scalar_t* v_rows,
-                         int64_t row_stride, int64_t n_keys, int64_t nvec, float* acc) {
+                         int64_t row_stride, int64_t n_keys, int64_t nvec, float* acc,
+                         Prefetcher& pf) {
   constexpr int C = D / kLanes;
   for (int64_t v = 0; v < nvec; ++v) {
     const float* pv = p + v * stride;
@@ -96,6 +103,7 @@ inline void block_values(const float* p, int64_t stride, const scalar_t* v_rows,
     vf a[C];
     for (int c = 0; c < C; ++c) a[c] = loadv(out + kLanes * c);
     for (int64_t j = 0; j < n_keys; ++j) {
+      pf.step();
       const float w = pv[j];
       if (w == 0.f) continue;
       const vf wv = splat(w);
@@ -153,24 +161,17 @@ inline bool softmax_block(float* s, int64_t padded, float* acc, int64_t head_dim
   return true;
 }
 
-// Ask for bytes [0, n) from p ahead of use: blocks sit anywhere in the pool, so the
-// hardware cannot guess the next one.
-template <typename scalar_t>
-inline void prefetch_lines(const scalar_t* p, int64_t n) {
-  const char* bytes = reinterpret_cast<const char*>(p);
-  for (int64_t i = 0; i < n; i += 64) __builtin_prefetch(bytes + i, 0, 3);
-}
-
 // K[j] . q[v] for a block's keys j < n_keys and one KV head's query vectors, into
 // scores[v * stride + j]. D == 0: any head_dim, scalar.
 template <typename scalar_t, int D>
 inline void score_block(const float* q, const scalar_t* k_rows, int64_t row_stride,
                         int64_t n_keys, int64_t nvec, int64_t head_dim, float* scores,
-                        int64_t stride) {
+                        int64_t stride, Prefetcher& pf) {
   if constexpr (D > 0) {
-    block_scores<scalar_t, D>(q, k_rows, row_stride, n_keys, nvec, scores, stride);
+    block_scores<scalar_t, D>(q, k_rows, row_stride, n_keys, nvec, scores, stride, pf);
   } else {
     for (int64_t j = 0; j < n_keys; ++j) {
+      pf.step();
       for (int64_t v = 0; v < nvec; ++v) {
         scores[v * stride + j] = dot(q + v * head_dim, k_rows + j * row_stride, head_dim);
       }
@@ -182,11 +183,12 @@ inline void score_block(const float* q, const scalar_t* k_rows, int64_t row_stri
 template <typename scalar_t, int D>
 inline void add_block_values(const float* p, int64_t stride, const scalar_t* v_rows,
                              int64_t row_stride, int64_t n_keys, int64_t nvec, int64_t head_dim,
-                             float* acc) {
+                             float* acc, Prefetcher& pf) {
   if constexpr (D > 0) {
-    block_values<scalar_t, D>(p, stride, v_rows, row_stride, n_keys, nvec, acc);
+    block_values<scalar_t, D>(p, stride, v_rows, row_stride, n_keys, nvec, acc, pf);
   } else {
     for (int64_t j = 0; j < n_keys; ++j) {
+      pf.step();
       for (int64_t v = 0; v < nvec; ++v) {
         const float w = p[v * stride + j];
         if (w != 0.f) axpy(w, v_rows + j * row_stride, acc + v * head_dim, head_dim);
@@ -199,7 +201,8 @@ inline void add_block_values(const float* p, int64_t stride, const scalar_t* v_r
 // chunks of whole blocks (about kChunkKeys keys): every key of the chunk is scored for every
 // query vector, one softmax update per vector folds the chunk in, then the values are
 // summed. Each block's K, then its V (block_size rows of all heads, contiguous) is read in
-// one visit while the next block's is prefetched, so K/V come from memory once per tile.
+// one visit, so K/V come from memory once per tile; the lines of the visit kPrefetchBlocks
+// ahead are asked for a line at a time during the arithmetic (prefetch.h).
 // D > 0: a head_dim of D, vectorised with the cache widened to fp32 lanes as it is read;
 // D == 0: any head_dim, scalar dot products and value sums.
 template <typename scalar_t, int D>
@@ -247,17 +250,31 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
     }
   }
   auto keys_in = [&](int64_t b) { return std::min(block_size, tile_last_key + 1 - b * block_size); };
+  // The blocks in the order they are read: a chunk's K blocks, then its V blocks, then the
+  // next chunk's.
+  std::vector<const scalar_t*> visits;  // each [block_size, Hkv, D]
+  visits.reserve(2 * num_blocks);
+  for (int64_t c0 = 0; c0 < num_blocks; c0 += chunk_blocks) {
+    const int64_t c1 = std::min(num_blocks, c0 + chunk_blocks);
+    for (int64_t b = c0; b < c1; ++b) visits.push_back(k_cache + table[b] * block_stride);
+    for (int64_t b = c0; b < c1; ++b) visits.push_back(v_cache + table[b] * block_stride);
+  }
+  const auto num_visits = static_cast<int64_t>(visits.size());
+  Prefetcher pf;
+  for (int64_t i = 0; i < std::min(kPrefetchBlocks, num_visits); ++i) pf.start(visits[i], block_bytes);
+  int64_t visit = 0;
+  auto next_visit = [&]() {  // the block to read now; its successor's lines start to be asked for
+    if (visit + kPrefetchBlocks < num_visits) pf.start(visits[visit + kPrefetchBlocks], block_bytes);
+    return visits[visit++];
+  };
   for (int64_t c0 = 0; c0 < num_blocks; c0 += chunk_blocks) {
     const int64_t c1 = std::min(num_blocks, c0 + chunk_blocks);
     for (int64_t b = c0; b < c1; ++b) {  // scores of every vector, a block's K at a time
-      // next: this chunk's next K block, else its first V block
-      prefetch_lines(b + 1 < c1 ? k_cache + table[b + 1] * block_stride : v_cache + table[c0] * block_stride,
-                     block_bytes);
-      const scalar_t* k_block = k_cache + table[b] * block_stride;  // [block_size, Hkv, D]
+      const scalar_t* k_block = next_visit();  // [block_size, Hkv, D]
       for (int64_t h = 0; h < num_kv_heads; ++h) {
         score_block<scalar_t, D>(q_tile.data() + h * per_head * head_dim, k_block + h * head_dim,
                                  row_stride, keys_in(b), per_head, head_dim,
-                                 scores.data() + h * per_head * width + (b - c0) * padded, width);
+                                 scores.data() + h * per_head * width + (b - c0) * padded, width, pf);
       }
     }
     const int64_t used = (c1 - c0) * padded;
@@ -270,16 +287,11 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
       softmax_block(row, used, acc.data() + v * head_dim, head_dim, run_max[v], run_sum[v]);
     }
     for (int64_t b = c0; b < c1; ++b) {  // acc += weights x V, a block's V at a time
-      if (b + 1 < c1) {
-        prefetch_lines(v_cache + table[b + 1] * block_stride, block_bytes);
-      } else if (c1 < num_blocks) {
-        prefetch_lines(k_cache + table[c1] * block_stride, block_bytes);
-      }
-      const scalar_t* v_block = v_cache + table[b] * block_stride;
+      const scalar_t* v_block = next_visit();  // [block_size, Hkv, D]
       for (int64_t h = 0; h < num_kv_heads; ++h) {
         add_block_values<scalar_t, D>(scores.data() + h * per_head * width + (b - c0) * padded, width,
                                       v_block + h * head_dim, row_stride, keys_in(b), per_head,
-                                      head_dim, acc.data() + h * per_head * head_dim);
+                                      head_dim, acc.data() + h * per_head * head_dim, pf);
       }
     }
   }
