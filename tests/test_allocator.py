@@ -78,6 +78,21 @@ def test_the_restarted_process_puts_ld_preload_back(monkeypatch: pytest.MonkeyPa
     assert "LD_PRELOAD" not in os.environ
 
 
+def test_a_failed_restart_goes_on_with_the_system_allocator(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("LD_PRELOAD", ALLOCATOR_ENV, PRELOADED_ENV, PREVIOUS_PRELOAD_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(allocator, "find_tcmalloc", lambda: LIB)
+
+    def refuse(*args: object) -> None:
+        raise PermissionError("denied")
+
+    monkeypatch.setattr(allocator.os, "execve", refuse)
+    restart_with_tcmalloc()
+    assert "not restarting on tcmalloc (denied)" in capsys.readouterr().err
+    assert "LD_PRELOAD" not in os.environ
+
+
 def test_mapped_allocator_reads_the_process_maps() -> None:
     assert mapped_allocator("7f00 r-xp 0 08:01 1 /usr/lib/libc.so.6\n") == "system"
     assert mapped_allocator(f"7f00 r-xp 0 08:01 1 {LIB}\n") == "tcmalloc"

@@ -79,4 +79,8 @@ def restart_with_tcmalloc() -> None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, sys.orig_argv, env)
+    try:
+        os.execve(sys.executable, sys.orig_argv, env)
+    except OSError as exc:  # the interpreter cannot be started again: go on with glibc's
+        print(f"inflight: not restarting on tcmalloc ({exc}); running on the system allocator",
+              file=sys.stderr)
