@@ -1,7 +1,8 @@
 // Software prefetch for kernels that read blocks scattered through a pool (the paged KV
 // cache): the hardware cannot guess where the next block is, so the kernel names it.
 //
-// The lines of the next block are asked for one at a time between the arithmetic
+// The lines of a block to be read later (the caller chooses how far ahead; the attention
+// kernel, two block visits) are asked for one at a time between the arithmetic
 // (Prefetcher::step in the inner loops), not all at once: a burst of a whole block's
 // requests (192 lines for a 12 KB K block) fills the core's miss buffers and stalls it
 // until the memory answers, so the reads and the arithmetic took turns instead of
