@@ -13,7 +13,7 @@ import torch
 
 from kernels import AttentionBackend
 from worker.engine.attention_metadata import AttentionMetadata
-from worker.engine.models.llama import LlamaForPackedCausalLM
+from worker.engine.models.decoder import PackedCausalLM
 
 
 def batch_ladder(max_batch: int) -> list[int]:
@@ -31,7 +31,7 @@ class DecodeGraphs:
     def __init__(
         self,
         *,
-        model: LlamaForPackedCausalLM,
+        model: PackedCausalLM,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         backend: AttentionBackend,
         device: torch.device,

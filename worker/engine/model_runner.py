@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import mmap
+import time
 
 import numpy as np
 import torch
@@ -19,8 +20,10 @@ from worker.engine.attention_metadata import AttentionMetadata
 from worker.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineArgs
 from worker.engine.decode_graphs import DecodeGraphs
 from worker.engine.models.cpu_linear import onednn_available, pack_linears
-from worker.engine.models.llama import LlamaForPackedCausalLM
 from worker.engine.models.loader import load_checkpoint
+from worker.engine.models.registry import arch_spec, build_model
+from worker.engine.models.spec import ArchSpec
+from worker.engine.models.weights import load_weights
 from worker.engine.step_plan import SchedulerOutput
 from worker.protocol.sampling_params import InvalidRequestError
 
@@ -51,11 +54,18 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto`` is fp32 on the CPU (no bf16 matrix units here) and bf16 on CUDA."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
+def resolve_dtype(name: str, device: torch.device, declared: torch.dtype | None = None) -> torch.dtype:
+    """``auto`` is the checkpoint's declared dtype (fp32 when it declares none or a dtype
+    torch cannot run), except where that reduced precision would run slower than fp32 on
+    this CPU (:func:`slow_reduced_precision`): fp32 there. CUDA runs an fp32 checkpoint in
+    bf16 (fp32 matmuls leave the tensor cores idle)."""
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cuda":
+        return declared if declared in (torch.bfloat16, torch.float16) else torch.bfloat16
+    if declared in (torch.bfloat16, torch.float16) and slow_reduced_precision(declared, device) is None:
+        return declared
+    return torch.float32
 
 
 def slow_reduced_precision(dtype: torch.dtype, device: torch.device) -> str | None:
@@ -78,11 +88,10 @@ def slow_reduced_precision(dtype: torch.dtype, device: torch.device) -> str | No
             "use float32 for speed")
 
 
-def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+def kv_bytes_per_token(spec: ArchSpec, dtype: torch.dtype) -> int:
     """Bytes of K and V, all layers, for one token."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * itemsize
+    return 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * itemsize
 
 
 def eos_token_ids(config, tokenizer) -> set[int]:
@@ -102,23 +111,27 @@ class ModelRunner:
     def __init__(self, args: EngineArgs) -> None:
         """Load ``args.model``, prepack its weights (CPU, when oneDNN is there), size the
         KV pool from ``args`` and the free memory, and capture decode graphs (CUDA)."""
+        started = time.perf_counter()
         self.device = device = resolve_device(args.device)
-        self.dtype = resolve_dtype(args.dtype, device)
+        if args.num_threads and device.type == "cpu":
+            torch.set_num_threads(args.num_threads)
+        checkpoint = load_checkpoint(args.model)
+        self.tokenizer = checkpoint.tokenizer
+        self.config = config = checkpoint.config
+        self.spec = arch_spec(config)
+        self.dtype = resolve_dtype(args.dtype, device, checkpoint.torch_dtype)
         slow = slow_reduced_precision(self.dtype, device)
         if slow:
             log.warning(slow)
-        if args.num_threads and device.type == "cpu":
-            torch.set_num_threads(args.num_threads)
-        checkpoint = load_checkpoint(args.model, dtype=torch.float32)
-        self.load_seconds = checkpoint.load_seconds
-        self.tokenizer = checkpoint.tokenizer
-        self.config = config = checkpoint.config
         self.max_model_len = min(args.max_model_len or config.max_position_embeddings,
                                  config.max_position_embeddings)
-        model = LlamaForPackedCausalLM(config, max_positions=self.max_model_len)
-        model.load_hf_state_dict(checkpoint.state_dict)
+        model = build_model(config, self.max_model_len, device, self.dtype)
+        load_weights(model, checkpoint.tensors())
         del checkpoint
-        self.model = model.to(device=device, dtype=self.dtype).eval()
+        self.model = model
+        self.load_seconds = time.perf_counter() - started
+        log.info("loaded %s (%s, %s) in %.2fs", args.model, self.spec.family,
+                 str(self.dtype).removeprefix("torch."), self.load_seconds)
         self.prepacked = False
         if device.type == "cpu" and args.prepack_weights is not False:
             if onednn_available(self.dtype):
@@ -131,8 +144,7 @@ class ModelRunner:
         self.block_size = args.block_size
         self.num_blocks = self._num_kv_blocks(args)
         self.backend = get_backend(device, args.attention_backend)
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        shape = (self.num_blocks, args.block_size, config.num_key_value_heads, head_dim)
+        shape = (self.num_blocks, args.block_size, self.spec.num_kv_heads, self.spec.head_dim)
         # One tensor per K/V for all layers: [num_layers, num_blocks, block_size, Hkv, D]
         self.kv_pool_committed = device.type != "cpu" or args.commit_kv_pool
         self.k_pool = kv_pool_tensor((config.num_hidden_layers, *shape), self.dtype, device,
@@ -162,7 +174,7 @@ class ModelRunner:
                 budget = int(free * 0.8)
             else:
                 budget = DEFAULT_CPU_KV_CACHE_BYTES
-        per_block = kv_bytes_per_token(self.config, self.dtype) * args.block_size
+        per_block = kv_bytes_per_token(self.spec, self.dtype) * args.block_size
         if budget < per_block:
             raise InvalidRequestError(f"kv_cache_memory={budget} bytes is smaller than one block ({per_block})")
         return budget // per_block

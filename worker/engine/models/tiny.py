@@ -1,4 +1,4 @@
-"""Tiny random Llama-family checkpoints built offline, for fast tests and demos.
+"""Tiny random checkpoints of every supported family, built offline, for tests and demos.
 
 ``build_tiny_checkpoint(path, arch)`` writes a normal Hugging Face directory (config,
 safetensors weights, tokenizer) so every loading path is the real one. Weights come from
@@ -13,7 +13,11 @@ from typing import Any
 
 import torch
 
-TINY_ARCHS = ("llama", "qwen2")
+from worker.engine.models.tiny_archs import REAL_CONFIGS, scaled_down
+
+# tiny-llama and tiny-qwen2 keep their original small configs; the others are a real
+# model's config scaled down (tiny_archs.py).
+TINY_ARCHS = ("llama", "qwen2", *REAL_CONFIGS)
 
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -57,7 +61,12 @@ def _build_tokenizer(vocab_size: int):  # -> PreTrainedTokenizerFast
 
 
 def _build_config(arch: str, vocab_size: int, eos_id: int, pad_id: int):
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import AutoConfig, LlamaConfig, Qwen2Config
+
+    ids = dict(vocab_size=vocab_size, eos_token_id=eos_id, bos_token_id=eos_id, pad_token_id=pad_id)
+    if arch in REAL_CONFIGS:
+        small = scaled_down(arch)
+        return AutoConfig.for_model(small.pop("model_type"), **small, **ids)
 
     common: dict[str, Any] = dict(
         vocab_size=vocab_size,
@@ -89,10 +98,12 @@ def build_tiny_checkpoint(path: str | Path, arch: str = "llama", seed: int = 0) 
     config = _build_config(arch, vocab_size, tokenizer.eos_token_id, tokenizer.pad_token_id)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Gemma's norms multiply by (1 + w): their weights sit around 0, the others' around 1.
+    norm_centre = 0.0 if config.model_type.startswith("gemma") else 1.0
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
-                param.uniform_(0.8, 1.2)
+                param.uniform_(norm_centre - 0.2, norm_centre + 0.2)
             elif name.endswith("bias"):
                 param.normal_(0.0, 0.1)
             else:
