@@ -58,10 +58,23 @@ def _type_for(status: int) -> str:
 _HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
 
 
+def _shown(object_id: str) -> str:
+    return object_id if len(object_id) <= 80 else object_id[:77] + "..."
+
+
 def not_found(kind: str, object_id: str, *, param: str = "id") -> ApiError:
     """The 404 for an id that does not exist or belongs to another tenant."""
-    shown = object_id if len(object_id) <= 80 else object_id[:77] + "..."
-    return ApiError(404, f"No {kind} with id {shown!r}", code="not_found", param=param)
+    return ApiError(404, f"No {kind} with id {_shown(object_id)!r}", code="not_found", param=param)
+
+
+def model_not_found(model_id: str) -> ApiError:
+    """The 404 for a model no live worker serves (OpenAI's code, ``model_not_found``)."""
+    return ApiError(
+        404,
+        f"The model {_shown(model_id)!r} does not exist or no live worker serves it",
+        code="model_not_found",
+        param="model",
+    )
 
 
 def known_id(kind: str, object_id: str, *, param: str = "id") -> str:

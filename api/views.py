@@ -1,4 +1,5 @@
-"""Rows to JSON objects (OpenAI shapes for files and batches; the job object is ours)."""
+"""Rows to JSON objects (OpenAI shapes for files, batches and models; the job object is
+ours)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from worker.protocol.openai_batch import (
     choice_from_stored,
     split_stored,
 )
+from worker.store.crud.served_models import ServedModel
 from worker.store.models import ApiJob, Batch, Job, StoredFile
 
 
@@ -147,3 +149,26 @@ def batch_view(batch: Batch, counts: dict[str, int] | None = None) -> dict[str, 
         "request_counts": c,
         "metadata": batch.metadata_,
     }
+
+
+def model_view(model: ServedModel) -> dict[str, Any]:
+    """The OpenAI Model object, plus what the workers serving it registered: architecture
+    (``architectures[0]``), ``model_type``, ``dtype``, ``max_model_len``, the worker ids and
+    when one of them was last seen."""
+    return {
+        "id": model.id,
+        "object": "model",
+        "created": epoch(model.created),
+        "owned_by": "inflight",
+        "architecture": model.architecture,
+        "model_type": model.model_type,
+        "dtype": model.dtype,
+        "max_model_len": model.max_model_len,
+        "workers": model.workers,
+        "last_seen_at": epoch(model.last_seen),
+    }
+
+
+def model_list_view(models: list[ServedModel]) -> dict[str, Any]:
+    """The OpenAI model list."""
+    return {"object": "list", "data": [model_view(m) for m in models]}

@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "job": ("worker.cli.jobs_cmd", "show one job: state, timeline and result"),
     "trace": ("worker.cli.trace_cmd", "one job's timeline and what else was in its batch"),
     "top": ("worker.cli.top_cmd", "live view of the workers and the queues"),
+    "models": ("worker.cli.models_cmd", "the models the live workers serve"),
     "migrate": ("worker.cli.migrate_cmd", "apply the database migrations"),
     "api": ("worker.cli.api_cmd", "serve the REST API"),
     "keys": ("worker.cli.keys_cmd", "create, list and revoke API keys"),

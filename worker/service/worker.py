@@ -24,6 +24,7 @@ from worker.service.engine_loop import EngineLoop
 from worker.service.flags import Flags
 from worker.service.intake import Intake
 from worker.service.maintenance import Maintenance
+from worker.service.model_info import describe_engine
 from worker.service.naming import acquire_name, release_name
 from worker.service.observe import JobObserver
 from worker.service.retry import retry
@@ -88,6 +89,7 @@ class Worker:
         except (InvalidRequestError, OSError) as exc:
             raise EngineStartError(f"could not load the model {c.model!r}: {exc}") from exc
         log.info("engine %s ready in %.1fs", c.model, time.monotonic() - t0)
+        served = describe_engine(engine, c.model)  # what the workers row says it serves
         db = make_engine(url=c.database_url)
         session_factory = make_session_factory(engine=db)
         redis_client = make_redis(url=c.redis_url)
@@ -119,6 +121,7 @@ class Worker:
                     host=socket.gethostname(),
                     model=c.model,
                     pid=os.getpid(),
+                    info=served,
                 )
 
         retry(_register, what="register worker", stop=self.flags.draining)

@@ -40,3 +40,14 @@ class JobResult:
     last_step: int | None = None
     isolation: str | None = None  # why it ran isolated from the normal batch, if it did
     choices: list[dict[str, Any]] | None = None  # every sample (stored_choice); None: none
+
+
+@dataclass
+class ModelInfo:
+    """What a worker serves, as it registers it: plain values taken from its engine."""
+
+    model_id: str  # the --model spec, or a local path's name
+    model_type: str | None = None  # config.model_type, e.g. "llama"
+    architecture: str | None = None  # config.architectures[0], e.g. "LlamaForCausalLM"
+    dtype: str | None = None  # e.g. "float32"
+    max_model_len: int | None = None  # the engine's context length
