@@ -30,14 +30,16 @@ class PackedCausalLM(nn.Module):
     tables; the weights then come from :func:`worker.engine.models.weights.load_weights`.
     """
 
-    def __init__(self, config, spec: ArchSpec) -> None:
+    def __init__(self, config, spec: ArchSpec, device: torch.device | None = None) -> None:
         super().__init__()
         self.config, self.spec = config, spec
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
+        # _weight skips nn.Embedding's random init (on meta it would import torch._dynamo).
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size,
+                                         _weight=torch.empty(spec.vocab_size, spec.hidden_size, device=device))
+        self.layers = nn.ModuleList(DecoderLayer(spec, i, device) for i in range(spec.num_layers))
         self.decoder_layers: list[DecoderLayer] = [cast(DecoderLayer, m) for m in self.layers]
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, device)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False, device=device)
         self.rope_tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.native_ops = True  # fused native element-wise ops where they exist (CPU fp32)
 

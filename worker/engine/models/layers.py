@@ -25,9 +25,9 @@ class RMSNorm(nn.Module):
     fused with the residual add). Gemma's ``(1 + w)`` form is loaded as ``w + 1``, which is
     the same product in fp32."""
 
-    def __init__(self, width: int, eps: float) -> None:
+    def __init__(self, width: int, eps: float, device: torch.device | None = None) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(width))
+        self.weight = nn.Parameter(torch.ones(width, device=device))
         self.eps = eps
 
 
@@ -44,19 +44,20 @@ class Attention(nn.Module):
     (per head or over all heads), rope (full, partial or none), the layer's sliding window
     and logit soft-cap, and the output projection."""
 
-    def __init__(self, spec: ArchSpec, layer: int) -> None:
+    def __init__(self, spec: ArchSpec, layer: int, device: torch.device | None = None) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q_size, self.kv_size = spec.q_size, spec.kv_size
-        self.qkv_proj = nn.Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=spec.o_bias)
+        self.qkv_proj = nn.Linear(spec.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=spec.qkv_bias, device=device)
+        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=spec.o_bias, device=device)
         self.qk_norm = spec.qk_norm
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if spec.qk_norm != "none":
             per_head = spec.qk_norm == "head"
-            self.q_norm = RMSNorm(self.head_dim if per_head else self.q_size, spec.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim if per_head else self.kv_size, spec.rms_norm_eps)
+            self.q_norm = RMSNorm(self.head_dim if per_head else self.q_size, spec.rms_norm_eps, device)
+            self.k_norm = RMSNorm(self.head_dim if per_head else self.kv_size, spec.rms_norm_eps, device)
         self.rope = spec.layer_rope[layer]  # key of this layer's rotary table, None: no rope
         self.rotary_dim = spec.ropes[self.rope].rotary_dim if self.rope else 0
         self.window = spec.layer_windows[layer]
@@ -129,11 +130,13 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """Gated feed-forward (SwiGLU or GeGLU) with one fused gate/up matmul."""
 
-    def __init__(self, spec: ArchSpec) -> None:
+    def __init__(self, spec: ArchSpec, device: torch.device | None = None) -> None:
         super().__init__()
         self.activation = spec.activation
-        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias)
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
+        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size,
+                                      bias=spec.mlp_bias, device=device)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size,
+                                   bias=spec.mlp_bias, device=device)
 
     def forward(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         return self.down_proj(gated_activation(self.gate_up_proj(x), self.activation, ops))
@@ -149,13 +152,15 @@ class MoE(nn.Module):
     order, as transformers does.
     """
 
-    def __init__(self, spec: ArchSpec, moe: MoESpec) -> None:
+    def __init__(self, spec: ArchSpec, moe: MoESpec, device: torch.device | None = None) -> None:
         super().__init__()
         self.activation = spec.activation
         self.top_k, self.renormalize, self.num_experts = moe.top_k, moe.renormalize, moe.num_experts
-        self.gate = nn.Linear(spec.hidden_size, moe.num_experts, bias=False)  # the router
-        self.w13 = nn.Parameter(torch.empty(moe.num_experts, 2 * moe.intermediate_size, spec.hidden_size))
-        self.w2 = nn.Parameter(torch.empty(moe.num_experts, spec.hidden_size, moe.intermediate_size))
+        self.gate = nn.Linear(spec.hidden_size, moe.num_experts, bias=False, device=device)  # router
+        self.w13 = nn.Parameter(torch.empty(moe.num_experts, 2 * moe.intermediate_size,
+                                            spec.hidden_size, device=device))  # [E, 2 I, H]
+        self.w2 = nn.Parameter(torch.empty(moe.num_experts, spec.hidden_size,
+                                           moe.intermediate_size, device=device))  # [E, H, I]
 
     def forward(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         num_tokens = x.shape[0]
@@ -190,14 +195,14 @@ class DecoderLayer(nn.Module):
     ``sandwich`` adds post_attention_layernorm on the attention output and
     pre/post_feedforward_layernorm around the MLP; ``post`` normalises only the outputs."""
 
-    def __init__(self, spec: ArchSpec, layer: int) -> None:
+    def __init__(self, spec: ArchSpec, layer: int, device: torch.device | None = None) -> None:
         super().__init__()
         eps = spec.rms_norm_eps
-        norm = lambda: RMSNorm(spec.hidden_size, eps)  # noqa: E731
+        norm = lambda: RMSNorm(spec.hidden_size, eps, device)  # noqa: E731
         self.input_layernorm = norm() if spec.layout != "post" else None
         self.post_attention_layernorm = norm()
         self.pre_feedforward_layernorm = norm() if spec.layout == "sandwich" else None
         self.post_feedforward_layernorm = norm() if spec.layout != "pre" else None
-        self.self_attn = Attention(spec, layer)
+        self.self_attn = Attention(spec, layer, device)
         sparse = spec.moe is not None and layer in spec.moe.sparse_layers
-        self.mlp: MLP | MoE = MoE(spec, spec.moe) if sparse and spec.moe else MLP(spec)
+        self.mlp: MLP | MoE = MoE(spec, spec.moe, device) if sparse and spec.moe else MLP(spec, device)

@@ -51,8 +51,10 @@ def build_model(config, max_positions: int, device: torch.device, dtype: torch.d
     """An uninitialised model for ``config`` on ``device`` in ``dtype``, rotary tables
     computed; fill it with :func:`worker.engine.models.weights.load_weights`."""
     spec = arch_spec(config)
-    with torch.device("meta"):
-        model = PackedCausalLM(config, spec)
+    # The device is passed to each layer, not set by a `with torch.device(...)` block, and
+    # nothing is randomly initialised: either imports torch._dynamo and sympy on meta
+    # tensors (~150 MB resident).
+    model = PackedCausalLM(config, spec, device=torch.device("meta"))
     model = model.to(dtype=dtype).to_empty(device=device)
     if spec.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
