@@ -127,7 +127,7 @@ def resolve_checkpoint_dir(spec: str) -> Path | str:
 def load_checkpoint(spec: str) -> Checkpoint:
     """Config, tokenizer and the weights' location for ``spec`` (see the module docstring);
     safetensors weights are read later, by :meth:`Checkpoint.tensors`."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     start = time.perf_counter()
     where = resolve_checkpoint_dir(spec)
@@ -135,13 +135,31 @@ def load_checkpoint(spec: str) -> Checkpoint:
     files = _safetensors_files(Path(where)) if Path(where).is_dir() else []
     loaded: dict[str, torch.Tensor] = {}
     if files:
-        config = AutoConfig.from_pretrained(where)
+        config = _read_config(where)
     else:  # .bin checkpoints, hub ids: transformers loads them whole
         model = AutoModelForCausalLM.from_pretrained(where)
         config = model.config
         loaded = {name: t.detach() for name, t in model.state_dict().items()}
     log.info("read %s from %s in %.2fs", spec, where, time.perf_counter() - start)
     return Checkpoint(spec, Path(where), config, tokenizer, files, loaded)
+
+
+def _read_config(where: Path | str) -> Any:
+    """The checkpoint's transformers config; a ``model_type`` transformers does not know is
+    refused as unsupported, naming what is."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(where)
+    except ValueError as exc:
+        declared = json.loads((Path(where) / "config.json").read_text(encoding="utf-8")).get("model_type")
+        if declared is None or ("Unrecognized model" not in str(exc) and "does not recognize" not in str(exc)):
+            raise
+        from worker.engine.models.registry import SUPPORTED_MODEL_TYPES, UnsupportedModelError
+
+        raise UnsupportedModelError(
+            f"model type {declared!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        ) from exc
 
 
 def _safetensors_files(directory: Path) -> list[Path]:
