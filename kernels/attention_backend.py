@@ -1,5 +1,11 @@
 """The attention backend interface: the three paged-KV operations one implementation
-provides, and the pure-torch one every other is tested against."""
+provides, and the pure-torch one every other is tested against.
+
+Both attention operations take a per-layer sliding ``window`` (0: none; W > 0: the query at
+position p sees keys p - W < k <= p, Hugging Face's ``sliding_window_overlay``, and blocks
+wholly before the window are never read) and an attention-logit ``softcap`` (0: none;
+c > 0: scores become ``c * tanh(scale * q.k / c)`` before masking, as Gemma 2's
+``attn_logit_softcapping``). See kernels/reference.py for the full contract."""
 
 from __future__ import annotations
 
@@ -23,28 +29,36 @@ class WriteKV(Protocol):
 
 
 class DecodeAttention(Protocol):
+    """One query per sequence over its paged context (kernels.reference.decode_attention)."""
+
     def __call__(
         self,
-        query: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        block_tables: torch.Tensor,
-        context_lens: torch.Tensor,
+        query: torch.Tensor,  # [num_seqs, num_heads, head_dim]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq]
+        context_lens: torch.Tensor,  # [num_seqs]
         scale: float,
-    ) -> torch.Tensor: ...
+        window: int = 0,  # sliding window in keys, the query's own included; 0: none
+        softcap: float = 0.0,  # attention-logit soft-cap; 0: none
+    ) -> torch.Tensor: ...  # [num_seqs, num_heads, head_dim]
 
 
 class PrefillAttention(Protocol):
+    """Ragged causal query chunks over a cached prefix (kernels.reference.prefill_attention)."""
+
     def __call__(
         self,
-        query: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        block_tables: torch.Tensor,
-        cu_seqlens_q: torch.Tensor,
-        context_lens: torch.Tensor,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq]
+        cu_seqlens_q: torch.Tensor,  # [num_seqs + 1]
+        context_lens: torch.Tensor,  # [num_seqs]
         scale: float,
-    ) -> torch.Tensor: ...
+        window: int = 0,  # sliding window in keys, the query's own included; 0: none
+        softcap: float = 0.0,  # attention-logit soft-cap; 0: none
+    ) -> torch.Tensor: ...  # [num_tokens, num_heads, head_dim]
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,12 @@
 
 ``kernels/csrc/paged_attention_cpu.cpp`` reads K/V blocks in place through the block table
 (the pure-torch reference gathers them into copies first). It handles ragged query chunks
-over a cached prefix: all of decode, and prefill steps whose chunks are short. It is compiled once
+over a cached prefix: all of decode, and prefill steps whose chunks are short (longer chunks go
+to :func:`kernels.reference.prefill_attention`). Both paths take the sliding ``window`` and the
+logit ``softcap`` of the backend interface: the kernel starts each sequence's block walk at
+the first block inside the window (blocks before it, and their table entries, are never
+read, and work follows the keys in the window) and soft-caps the scores with a vector tanh;
+the reference slices the keys to the window the same way. It is compiled once
 with ``torch.utils.cpp_extension`` (g++ and ninja; the build is cached under
 ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) and runs on torch's
 intra-op thread pool. KV writes are one native call per layer (``write_kv``: a copy of each
@@ -152,14 +157,21 @@ def decode_attention(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq]
     context_lens: torch.Tensor,  # [num_seqs], includes the query token itself
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
+    *,
     ext: ModuleType | None = None,  # the build to run (default: load_extension())
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """One query per sequence over its whole context (see kernels.reference.decode_attention)."""
+    """One query per sequence over its context, or its last ``window`` keys when
+    ``window > 0``, scores soft-capped when ``softcap > 0`` (see
+    kernels.reference.decode_attention)."""
+    reference.check_options(window, softcap)
     num_seqs = query.shape[0]
     cu_seqlens_q = torch.arange(num_seqs + 1, dtype=torch.int64)  # [num_seqs + 1], one query each
     return (ext or load_extension()).paged_attention(
-        query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, float(scale)
-    )
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, float(scale),
+        int(window), float(softcap),
+    )  # fmt: skip
 
 
 def prefill_attention(
@@ -170,23 +182,32 @@ def prefill_attention(
     cu_seqlens_q: torch.Tensor,  # [num_seqs + 1]
     context_lens: torch.Tensor,  # [num_seqs], cached prefix + this chunk
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
+    *,
     ext: ModuleType | None = None,  # the build to run (default: load_extension())
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """Ragged causal chunks over a cached prefix (see kernels.reference.prefill_attention).
+    """Ragged causal chunks over a cached prefix, each query seeing its last ``window`` keys
+    when ``window > 0``, scores soft-capped when ``softcap > 0`` (see
+    kernels.reference.prefill_attention).
 
     Short chunks (speculative drafts being checked, small prefill tails) go to the native
     kernel; once any chunk is longer than ``SHORT_CHUNK`` the step is matmul-shaped and
     per-sequence SDPA (oneDNN GEMMs) is faster: 64 prompts of 300 tokens took 29 s that
-    way against 49 s through the native kernel's scalar tiles.
+    way against 49 s through the native kernel's scalar tiles. That path (the reference)
+    honours the window and soft-cap too, reading only the keys inside the window.
     """
+    reference.check_options(window, softcap)
     longest = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if cu_seqlens_q.numel() > 1 else 0
     if longest > SHORT_CHUNK:
         return reference.prefill_attention(
-            query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
-        )
+            query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+            window, softcap,
+        )  # fmt: skip
     return (ext or load_extension()).paged_attention(
-        query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, float(scale)
-    )
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, float(scale),
+        int(window), float(softcap),
+    )  # fmt: skip
 
 
 def make_backend(isa: str | None = None) -> AttentionBackend:
@@ -194,12 +215,14 @@ def make_backend(isa: str | None = None) -> AttentionBackend:
     which is compiled here if this machine has not built it yet."""
     ext = load_extension(isa)
 
-    def decode(query, k_cache, v_cache, block_tables, context_lens, scale):
-        return decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, ext)
+    def decode(query, k_cache, v_cache, block_tables, context_lens, scale, window=0, softcap=0.0):
+        return decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale,
+                                window, softcap, ext=ext)
 
-    def prefill(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
+    def prefill(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                window=0, softcap=0.0):
         return prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q,
-                                 context_lens, scale, ext)
+                                 context_lens, scale, window, softcap, ext=ext)
 
     def write(key, value, k_cache, v_cache, slot_mapping):
         if key.dtype != k_cache.dtype or value.dtype != v_cache.dtype:

@@ -2,6 +2,8 @@
 
 Importing this module imports triton and decorates the kernels; :func:`kernels.get_backend`
 imports it only when Triton is wanted, so a CPU-only install without triton still works.
+Both attention kernels take the interface's sliding ``window`` and logit ``softcap`` as
+compile-time constants, so a layer without them runs the same code as before they existed.
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
-"""Host-side helpers of the Triton kernel wrappers: argument checks (clear ValueErrors before
-a launch) and the operand type of ``tl.dot``."""
+"""Helpers shared by the Triton kernels: host-side argument checks (clear ValueErrors before
+a launch), the operand type of ``tl.dot``, and :func:`tanh`, the device function behind
+attention-logit soft-capping."""
 
 from __future__ import annotations
 
 import os
 
 import torch
+import triton
 import triton.language as tl
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -115,3 +117,23 @@ def dot_dtype(dtype: torch.dtype) -> tl.dtype:
     if dtype == torch.bfloat16:
         return tl.float32 if interpreting() else tl.bfloat16
     return tl.float16 if dtype == torch.float16 else tl.float32
+
+
+@triton.jit
+def tanh(x):
+    """tanh of each element, to a few fp32 ulp (Cephes' tanhf; Triton has no portable one).
+
+    Below ``|x| = 0.625`` an odd degree-11 polynomial (no cancellation near 0, where
+    soft-capped scores usually sit), above it ``1 - 2 / (e^(2|x|) + 1)`` with the sign put
+    back; a large ``|x|`` gives exactly +-1 (the exponential is +inf).
+    """
+    ax = tl.abs(x)
+    z = x * x
+    p = -5.70498872745e-3 * z + 2.06390887954e-2
+    p = p * z - 5.37397155531e-2
+    p = p * z + 1.33314422036e-1
+    p = p * z - 3.33332819422e-1
+    small = p * z * x + x
+    large = 1.0 - 2.0 / (tl.exp(2.0 * ax) + 1.0)
+    large = tl.where(x < 0, -large, large)
+    return tl.where(ax < 0.625, small, large)

@@ -10,6 +10,14 @@ the first kernel writes the output directly and no reduce is launched.
 
 The number of partitions is derived from ``block_tables.shape[1] * block_size`` (an upper
 bound on every context length), so the wrapper never syncs with the device.
+
+With a sliding window (``WINDOW = W > 0``, a compile-time constant) a sequence's keys are
+its last ``min(W, context_len)``: partitions are counted from the window's first key
+instead of from key 0, so the block walk starts inside the window, blocks before it (and
+their table entries) are never read, and the number of partitions (programs) follows
+``min(W, max context)``. Soft-capping (``SOFTCAP``, a compile-time flag) turns each score
+into ``softcap * tanh(scale * q.k / softcap)`` before the softmax. With both off the
+kernels compile to exactly the code without them.
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import check_attention_args, check_out, dot_dtype
+from kernels.reference import check_options
+from kernels.triton_common import check_attention_args, check_out, dot_dtype, tanh
 
 BLOCK_N = 64  # context tokens per inner iteration (spans several pages when pages are small)
 MIN_PARTITION = 256  # fewest context tokens one program handles when splitting
@@ -41,6 +50,8 @@ def _decode_kernel(
     part_max_ptr,  # [num_seqs, num_heads, num_splits] fp32, running max (log2 units), SPLIT only
     part_sum_ptr,  # [num_seqs, num_heads, num_splits] fp32, softmax denominators, SPLIT only
     scale_log2,  # softmax scale * log2(e)
+    softcap_scale,  # scale / softcap, SOFTCAP only
+    softcap_log2,  # softcap * log2(e), SOFTCAP only
     stride_qs,
     stride_qh,
     stride_cb,
@@ -54,18 +65,23 @@ def _decode_kernel(
     block_size,
     group,  # query heads per KV head
     num_splits,
-    partition_size,  # context tokens per split (a multiple of BLOCK_N)
+    partition_size,  # context tokens per split (a multiple of BLOCK_N), counted from the window
     GROUP_PAD: tl.constexpr,  # max(16, next power of two >= group): tl.dot needs M >= 16
     BLOCK_D: tl.constexpr,  # next power of two >= head_dim
     DOT_DTYPE: tl.constexpr,  # tl.dot operand type, see kernels.triton_common.dot_dtype
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
+    WINDOW: tl.constexpr,  # sliding window in keys (the query's own included); 0: none
+    SOFTCAP: tl.constexpr,  # soft-cap the scores (softcap_scale, softcap_log2)
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + seq)
-    start = split * partition_size
+    if WINDOW > 0:
+        start = tl.maximum(context_len - WINDOW, 0) + split * partition_size  # window's first key
+    else:
+        start = split * partition_size
     if start >= context_len:  # this partition is past the end of this sequence
         return
     end = tl.minimum(start + partition_size, context_len)
@@ -93,7 +109,10 @@ def _decode_kernel(
         k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(
             DOT_DTYPE
         )
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2  # [GROUP_PAD, BLOCK_N]
+        if SOFTCAP:  # softcap * tanh(scale * q.k / softcap), in log2 units
+            s = softcap_log2 * tanh(tl.dot(q, tl.trans(k), input_precision="ieee") * softcap_scale)
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2  # [GROUP_PAD, BLOCK_N]
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [GROUP_PAD], finite: start < end
         alpha = tl.exp2(m_i - m_new)  # [GROUP_PAD]
@@ -133,13 +152,13 @@ def _decode_reduce_kernel(
     partition_size,
     SPLITS_PAD: tl.constexpr,  # next power of two >= num_splits
     BLOCK_D: tl.constexpr,
+    WINDOW: tl.constexpr,  # as the first kernel's: splits are counted from the window's start
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     context_len = tl.load(context_lens_ptr + seq)
-    num_valid = (
-        context_len + partition_size - 1
-    ) // partition_size  # splits the first kernel wrote
+    keys = tl.minimum(context_len, WINDOW) if WINDOW > 0 else context_len  # keys in the window
+    num_valid = (keys + partition_size - 1) // partition_size  # splits the first kernel wrote
     sp = tl.arange(0, SPLITS_PAD)  # [SPLITS_PAD]
     d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
     s_mask = sp < num_valid
@@ -186,17 +205,23 @@ def decode_attention(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq]
     context_lens: torch.Tensor,  # [num_seqs], >= 1, includes the query token itself
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
     *,
     partition_size: int | None = None,
     out: torch.Tensor | None = None,  # [num_seqs, num_heads, head_dim]
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """One query per sequence attending to all of its paged context (softmax in fp32).
+    """One query per sequence attending to its paged context (softmax in fp32): all of it,
+    or with ``window > 0`` its last ``window`` keys (earlier blocks are not read); with
+    ``softcap > 0`` the scores are soft-capped first.
 
     ``partition_size`` (a multiple of 64) forces the split-K partition length; by default
-    :func:`choose_partition_size` picks it. ``out`` receives the result when given.
+    :func:`choose_partition_size` picks it for the keys a sequence may have (the window
+    when it is shorter than the block table). ``out`` receives the result when given.
     Context lengths must be in ``1..max_blocks_per_seq * block_size`` (not checked: that
     would need a device sync).
     """
+    check_options(window, softcap)
     check_attention_args(query, k_cache, v_cache, block_tables, context_lens)
     num_seqs, num_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -206,6 +231,8 @@ def decode_attention(
         return out
     context_lens = context_lens.contiguous()
     max_context = max(1, block_tables.shape[1] * block_size)
+    if window > 0:
+        max_context = min(max_context, window)  # keys one query may see
     if partition_size is None:
         partition_size = choose_partition_size(num_seqs, num_kv_heads, max_context, query.device)
     elif partition_size <= 0 or partition_size % BLOCK_N:
@@ -228,6 +255,8 @@ def decode_attention(
         part_max_ptr=part_max,
         part_sum_ptr=part_sum,
         scale_log2=scale * LOG2E,
+        softcap_scale=scale / softcap if softcap > 0 else 0.0,
+        softcap_log2=softcap * LOG2E,
         stride_qs=query.stride(0),
         stride_qh=query.stride(1),
         stride_cb=k_cache.stride(0),
@@ -247,6 +276,8 @@ def decode_attention(
         DOT_DTYPE=dot_dtype(query.dtype),
         BLOCK_N=BLOCK_N,
         SPLIT=split,
+        WINDOW=window,
+        SOFTCAP=softcap > 0,
     )
     if split:
         _decode_reduce_kernel[(num_seqs, num_heads)](
@@ -263,5 +294,6 @@ def decode_attention(
             partition_size=partition_size,
             SPLITS_PAD=triton.next_power_of_2(num_splits),
             BLOCK_D=block_d,
+            WINDOW=window,
         )
     return out

@@ -1,7 +1,8 @@
 """The native C++ CPU paged-attention kernel against the pure-torch reference and float64.
 
 The paged batches come from tests/test_kernels_reference.py: shuffled blocks, NaN in every
-unused slot and past-the-end table entry, so a read outside a sequence's context fails.
+unused slot and past-the-end table entry, so a read outside a sequence's context fails;
+with a sliding window, the blocks wholly before it are NaN too and their table entries -1.
 The extension is built on first use (g++ and ninja); a machine that cannot build it fails
 here rather than silently testing the fallback.
 """
@@ -12,7 +13,17 @@ import pytest
 import torch
 
 from kernels import cpu_native, get_backend, reference
-from tests.test_kernels_reference import RAGGED, cu_seqlens, make_paged_batch, naive_attention
+from tests.test_kernels_reference import (
+    RAGGED,
+    SOFTCAPS,
+    WINDOW_CONTEXTS,
+    WINDOWS,
+    cu_seqlens,
+    drop_blocks_before_window,
+    make_paged_batch,
+    naive_attention,
+    scores_query,
+)
 
 ISAS = cpu_native.supported_isas()
 
@@ -170,3 +181,109 @@ def test_write_kv_matches_the_reference(dtype: torch.dtype) -> None:
     assert torch.equal(half_k, want_k.to(torch.float16))
     with pytest.raises(RuntimeError, match="past the pool"):
         backend.write_kv(key, value, got_k, got_v, torch.tensor([0, 1, 2, 3, 4, 32]))
+
+
+# --- sliding window and soft-capping ----------------------------------------------------
+
+
+@pytest.mark.parametrize("block_size", [16, 12])
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("softcap", SOFTCAPS)
+@pytest.mark.parametrize("head_dim", [64, 48])  # register-blocked and scalar
+def test_decode_window_softcap(block_size: int, window: int, softcap: float, head_dim: int) -> None:
+    """GQA (8 query heads on 2 KV heads), ragged contexts, NaN/-1 blocks before the window."""
+    lens = [*WINDOW_CONTEXTS, 300]
+    batch = make_paged_batch(lens, block_size, 2, head_dim, seed=window + block_size)
+    dropped, _ = drop_blocks_before_window(batch, [1] * len(lens), window)
+    query = scores_query(len(lens), 8, head_dim, seed=head_dim)
+    scale = head_dim**-0.5
+    args = (query, dropped.k_cache, dropped.v_cache, dropped.block_tables, dropped.context_lens,
+            scale, window, softcap)
+    out = cpu_native.decode_attention(*args)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out, reference.decode_attention(*args), atol=2e-6, rtol=2e-5)
+    for i in range(len(lens)):
+        want = naive_attention(query[i : i + 1], batch.keys[i], batch.values[i], scale, window, softcap)
+        torch.testing.assert_close(out[i : i + 1].double(), want, atol=1e-5, rtol=1e-5)
+
+
+# (context_len, q_len) of steps the native kernel takes (every chunk <= SHORT_CHUNK: tiles of
+# 8 queries, each tile's window start in a different block) and of one that falls back to
+# the reference (a chunk longer than SHORT_CHUNK).
+NATIVE_LAYOUT = [(1, 1), (16, 16), (33, 19), (40, 7), (90, 32), (20, 0), (70, 1)]
+FALLBACK_LAYOUT = [(33, 33), (40, 7), (300, 150), (20, 0)]
+
+
+@pytest.mark.parametrize("layout", [NATIVE_LAYOUT, FALLBACK_LAYOUT], ids=["native", "fallback"])
+@pytest.mark.parametrize("block_size", [16, 12])
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("softcap", SOFTCAPS)
+def test_prefill_window_softcap(
+    layout: list[tuple[int, int]], block_size: int, window: int, softcap: float
+) -> None:
+    contexts = [c for c, _ in layout]
+    q_lens = [q for _, q in layout]
+    assert (max(q_lens) > cpu_native.SHORT_CHUNK) == (layout is FALLBACK_LAYOUT)
+    batch = make_paged_batch(contexts, block_size, 2, 64, seed=window + 3)
+    dropped, _ = drop_blocks_before_window(batch, q_lens, window)
+    query = scores_query(sum(q_lens), 8, 64, seed=block_size)
+    cu = cu_seqlens(q_lens)
+    out = cpu_native.prefill_attention(
+        query, dropped.k_cache, dropped.v_cache, dropped.block_tables, cu, dropped.context_lens,
+        0.125, window, softcap,
+    )  # fmt: skip
+    for i in range(len(layout)):
+        rows = slice(int(cu[i]), int(cu[i + 1]))
+        want = naive_attention(query[rows], batch.keys[i], batch.values[i], 0.125, window, softcap)
+        torch.testing.assert_close(out[rows].double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [1, 7, 33])
+def test_blocks_before_the_window_are_not_read(window: int) -> None:
+    """NaN blocks and -1 table entries before the window: the same bits as with them intact."""
+    ext = cpu_native.load_extension()
+    contexts = [c for c, _ in NATIVE_LAYOUT]
+    q_lens = [q for _, q in NATIVE_LAYOUT]
+    batch = make_paged_batch(contexts, 12, 2, 64, seed=8)
+    dropped, count = drop_blocks_before_window(batch, q_lens, window)
+    assert count > 0
+    query = scores_query(sum(q_lens), 8, 64, seed=8)
+    cu = cu_seqlens(q_lens)
+    for softcap in SOFTCAPS:
+        clean = ext.paged_attention(query, batch.k_cache, batch.v_cache, batch.block_tables, cu,
+                                    batch.context_lens, 0.125, window, softcap)
+        poisoned = ext.paged_attention(query, dropped.k_cache, dropped.v_cache,
+                                       dropped.block_tables, cu, dropped.context_lens, 0.125,
+                                       window, softcap)
+        assert torch.equal(clean, poisoned)
+
+
+def test_the_backend_passes_window_and_softcap() -> None:
+    backend = cpu_native.make_backend()
+    batch = make_paged_batch([100, 40], 16, 2, 64, seed=6)
+    query = scores_query(2, 4, 64, seed=6)
+    args = (query, batch.k_cache, batch.v_cache, batch.block_tables)
+    got = backend.decode_attention(*args, batch.context_lens, 0.125, window=20, softcap=50.0)
+    want = reference.decode_attention(*args, batch.context_lens, 0.125, window=20, softcap=50.0)
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=2e-5)
+    cu = cu_seqlens([1, 1])
+    got = backend.prefill_attention(*args, cu, batch.context_lens, 0.125, window=20, softcap=50.0)
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=2e-5)
+    with pytest.raises(ValueError, match="window must be >= 0"):
+        backend.decode_attention(*args, batch.context_lens, 0.125, window=-3)
+
+
+def test_vector_tanh_matches_torch() -> None:
+    """The soft-cap's tanh: a few fp32 ulp from float64 tanh, near 0, at the switch from the
+    polynomial to the exponential form (0.625), and saturated (exactly +-1)."""
+    ext = cpu_native.load_extension()
+    x = torch.cat([
+        torch.linspace(-30.0, 30.0, 200_001),
+        torch.linspace(0.6, 0.65, 1001), torch.linspace(-0.65, -0.6, 1001),
+        torch.tensor([0.0, -0.0, 1e-30, -1e-20, 1e-7, 3e-4, 100.0, -1e4, 88.0, -90.0]),
+    ])  # fmt: skip
+    got = ext.vector_tanh(x)
+    want = torch.tanh(x.double())
+    assert torch.equal(got[-4:], torch.tensor([1.0, -1.0, 1.0, -1.0]))
+    torch.testing.assert_close(got.double(), want, atol=0, rtol=3e-7)
+    assert torch.equal(ext.vector_tanh(x[:13].view(13, 1)).view(-1), got[:13])  # a partial vector

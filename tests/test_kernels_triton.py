@@ -20,7 +20,9 @@ needed; grids are small because the interpreter runs every program in Python.
 Oracle: the reference run on float32 copies of the very same (possibly bf16/fp16) inputs,
 so the tolerances below measure only the kernels' own rounding. Outputs are NaN-poisoned
 before each launch, and unused cache slots and the block past-the-end table entries point
-to hold NaN, so an unwritten output element or a stray read fails.
+to hold NaN, so an unwritten output element or a stray read fails. With a sliding window
+the blocks wholly before it are NaN as well and their table entries -1, with a NaN guard
+block just before the cache, so a kernel that reads one of them fails too.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import multiprocessing
 import os
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -229,6 +232,33 @@ def chunk_layout(block_size: int) -> list[tuple[int, int]]:
     ]
 
 
+def drop_before_window(batch: PagedBatch, q_lens: list[int], window: int) -> tuple[PagedBatch, int]:
+    """A copy of ``batch`` whose blocks wholly before the window of each sequence's first
+    query are NaN with table entries -1, the caches one NaN guard block into their buffer
+    (where a -1 entry leads). Returns it and the number of blocks dropped. (The same as
+    ``drop_blocks_before_window`` in tests/test_kernels_reference.py, which this file cannot
+    import: that one needs hypothesis, GPU machines carry only torch, triton and pytest.)
+    """
+    if window == 0:
+        return batch, 0
+    block_size = batch.k_cache.shape[1]
+    k_cache, _ = guarded(tuple(batch.k_cache.shape), batch.k_cache.dtype)  # [NB, bs, Hkv, D]
+    v_cache, _ = guarded(tuple(batch.v_cache.shape), batch.v_cache.dtype)  # [NB, bs, Hkv, D]
+    k_cache.copy_(batch.k_cache)
+    v_cache.copy_(batch.v_cache)
+    tables = batch.block_tables.clone()  # [num_seqs, max_blocks]
+    dropped = 0
+    for i, (context_len, q_len) in enumerate(zip(batch.context_lens.tolist(), q_lens, strict=True)):
+        if q_len == 0:
+            continue
+        for b in range(max(0, context_len - q_len - window + 1) // block_size):
+            k_cache[int(tables[i, b])] = float("nan")
+            v_cache[int(tables[i, b])] = float("nan")
+            tables[i, b] = -1
+            dropped += 1
+    return replace(batch, k_cache=k_cache, v_cache=v_cache, block_tables=tables), dropped
+
+
 # --- checks, run in the interpreter worker ----------------------------------------------
 
 
@@ -310,6 +340,38 @@ def check_decode(
     assert_matches(out, want, dtype)
 
 
+def check_decode_window(
+    lens: list[int],
+    block_size: int,
+    window: int,
+    softcap: float,
+    partition_size: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> None:
+    """Decode with a sliding window and/or soft-cap vs the reference, GQA 8 heads on 2, with
+    NaN blocks and -1 table entries before each sequence's window."""
+    from kernels.triton_decode_attention import decode_attention
+
+    num_kv_heads, head_dim = 2, 64
+    torch.manual_seed(seed)
+    batch = make_paged_batch(lens, block_size, num_kv_heads, head_dim, dtype=dtype, seed=seed)
+    dropped, count = drop_before_window(batch, [1] * len(lens), window)
+    assert count > 0 or window == 0 or window >= max(lens) - block_size
+    query = (3 * torch.randn(len(lens), 8, head_dim)).to(dtype)  # scores reach tens
+    scale = head_dim**-0.5
+    out = poisoned(tuple(query.shape), dtype)
+    decode_attention(
+        query, dropped.k_cache, dropped.v_cache, dropped.block_tables, dropped.context_lens,
+        scale, window, softcap, partition_size=partition_size, out=out,
+    )  # fmt: skip
+    k32, v32 = fp32_caches(batch)
+    want = reference.decode_attention(
+        query.float(), k32, v32, batch.block_tables, batch.context_lens, scale, window, softcap
+    )
+    assert_matches(out, want, dtype)
+
+
 def check_decode_odd_head_dim() -> None:
     """head_dim 80 (tile padded to 128), int32 tables, a strided query view."""
     from kernels.triton_decode_attention import decode_attention
@@ -353,6 +415,74 @@ def check_prefill(
         query.float(), k32, v32, batch.block_tables, cu, batch.context_lens, scale
     )
     assert_matches(out, want, dtype)
+
+
+def check_prefill_window(
+    layout: list[tuple[int, int]],  # (context_len, q_len) per sequence
+    block_size: int,
+    window: int,
+    softcap: float,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> None:
+    """Prefill with a sliding window and/or soft-cap vs the reference, GQA 8 heads on 2,
+    with NaN blocks and -1 table entries before each chunk's first window."""
+    from kernels.triton_prefill_attention import prefill_attention
+
+    num_kv_heads, head_dim = 2, 64
+    torch.manual_seed(seed)
+    contexts = [c for c, _ in layout]
+    q_lens = [q for _, q in layout]
+    batch = make_paged_batch(contexts, block_size, num_kv_heads, head_dim, dtype=dtype, seed=seed)
+    dropped, _ = drop_before_window(batch, q_lens, window)
+    query = (3 * torch.randn(sum(q_lens), 8, head_dim)).to(dtype)  # scores reach tens
+    cu = cu_seqlens(q_lens)
+    scale = head_dim**-0.5
+    out = poisoned(tuple(query.shape), dtype)
+    prefill_attention(
+        query, dropped.k_cache, dropped.v_cache, dropped.block_tables, cu, dropped.context_lens,
+        scale, window, softcap, out=out,
+    )  # fmt: skip
+    k32, v32 = fp32_caches(batch)
+    want = reference.prefill_attention(
+        query.float(), k32, v32, batch.block_tables, cu, batch.context_lens, scale, window, softcap
+    )
+    assert_matches(out, want, dtype)
+
+
+def check_window_partitions() -> None:
+    """With a window, the decode grid is sized by the window, not by the block table."""
+    from kernels import triton_decode_attention as tda
+
+    launched = []
+
+    class Spy:
+        """Records the grid of one kernel launch, then runs it."""
+
+        def __init__(self, kernel: Any) -> None:
+            self.kernel = kernel
+
+        def __getitem__(self, grid: tuple[int, ...]) -> Any:
+            launched.append(grid)
+            return self.kernel[grid]
+
+    batch = make_paged_batch([4000, 3000], 16, 1, 16, seed=2)
+    query = torch.randn(2, 2, 16)
+    args = (query, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.25)
+    original = tda._decode_kernel
+    tda._decode_kernel = Spy(original)
+    try:
+        tda.decode_attention(*args, partition_size=64)
+        tda.decode_attention(*args, 100, partition_size=64)
+    finally:
+        tda._decode_kernel = original
+    assert launched[0][2] == triton_cdiv(batch.block_tables.shape[1] * 16, 64)
+    assert launched[1][2] == 2  # 100 keys in partitions of 64
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    """Ceil division (a local copy: this module must not import triton itself)."""
+    return -(-a // b)
 
 
 def check_prefill_odd_head_dim() -> None:
@@ -556,3 +686,63 @@ def test_triton_backend_matches_torch_backend(run: Run) -> None:
 
 def test_wrappers_reject_bad_arguments(run: Run) -> None:
     run(check_bad_arguments)
+
+
+# --- sliding window and soft-capping ------------------------------------------------------
+
+WINDOWS = [1, 7, 16, 33, 200, 4096]  # 0 is every test above; 200 leaves unmasked tiles inside
+SOFTCAPS = [0.0, 50.0]
+
+
+def window_layout(block_size: int) -> list[tuple[int, int]]:
+    """(context_len, q_len): chunk_layout's cases (with a 70-query chunk that fits a block
+    size of 12 too), plus a chunk of two query tiles after a 500-token prefix whose tiles
+    see the window's masked lower edge, unmasked tiles and the diagonal."""
+    bs = block_size
+    return [
+        *[(1, 1), (bs, bs), (bs + 1, bs + 1), (3 * bs, bs + 1), (80, 70), (2 * bs, 1)],
+        *[(72, 10), (73, 10), (600, 100)],
+    ]
+
+
+@pytest.mark.parametrize("block_size", [16, 12])
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("softcap", SOFTCAPS)
+def test_decode_window_softcap(run: Run, block_size: int, window: int, softcap: float) -> None:
+    lens = [*ragged(block_size), 300]
+    seed = window + block_size
+    run(check_decode_window, lens, block_size, window, softcap, seed=seed)  # one partition
+    run(check_decode_window, lens, block_size, window, softcap, partition_size=64, seed=seed)
+
+
+def test_decode_softcap_without_window(run: Run) -> None:
+    run(check_decode_window, [*ragged(16), 300], 16, 0, 50.0, partition_size=64, seed=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_decode_window_half_dtypes(run: Run, dtype: torch.dtype) -> None:
+    run(check_decode_window, [*ragged(16), 300], 16, 33, 50.0, partition_size=64, dtype=dtype)
+
+
+def test_decode_grid_follows_the_window(run: Run) -> None:
+    run(check_window_partitions)
+
+
+@pytest.mark.parametrize("block_size", [16, 12])
+@pytest.mark.parametrize("window", [0, *WINDOWS])
+@pytest.mark.parametrize("softcap", SOFTCAPS)
+def test_prefill_window_softcap(run: Run, block_size: int, window: int, softcap: float) -> None:
+    run(check_prefill_window, window_layout(block_size), block_size, window, softcap, seed=window)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_prefill_window_half_dtypes(run: Run, dtype: torch.dtype) -> None:
+    run(check_prefill_window, window_layout(16), 16, 33, 50.0, dtype=dtype, seed=1)
+
+
+@pytest.mark.parametrize("window", [0, 33])
+def test_a_tight_softcap_uses_both_forms_of_tanh(run: Run, window: int) -> None:
+    """Soft-cap 5: scores / 5 lie on both sides of 0.625, where the kernels' tanh
+    (kernels.triton_common.tanh) switches from its polynomial to its exponential form."""
+    run(check_decode_window, [*ragged(16), 300], 16, window, 5.0, partition_size=64, seed=5)
+    run(check_prefill_window, window_layout(16), 16, window, 5.0, seed=5)

@@ -1,7 +1,7 @@
 // Vector helpers shared by the CPU kernels: one register's worth of fp32 lanes, loads that
-// widen bf16/fp16 to fp32, horizontal reductions and a polynomial exp. The lane count
-// follows the instruction set the file is compiled for (kernels/cpu_native.py builds each
-// kernel once per instruction set and picks one at run time).
+// widen bf16/fp16 to fp32, horizontal reductions, a polynomial exp and a tanh built on it.
+// The lane count follows the instruction set the file is compiled for (kernels/cpu_native.py
+// builds each kernel once per instruction set and picks one at run time).
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -161,6 +161,24 @@ inline vf vexp(vf x) {
   vf out = p * scale_a * scale_b;
   out = huge ? splat(__builtin_inff()) : out;
   return dead ? splat(0.f) : out;
+}
+
+// tanh per lane, to about 2 ulp (Cephes' tanhf): below |x| = 0.625 an odd degree-11
+// polynomial (no cancellation near 0, so small arguments keep their relative accuracy),
+// above it 1 - 2 / (e^(2|x|) + 1) with the sign put back; |x| past about 44 gives exactly
+// +-1 (e^(2|x|) is +inf). Used for attention-logit soft-capping.
+inline vf vtanh(vf x) {
+  const vf ax = x < splat(0.f) ? -x : x;
+  const vf z = x * x;
+  vf p = splat(-5.70498872745e-3f);
+  p = p * z + splat(2.06390887954e-2f);
+  p = p * z + splat(-5.37397155531e-2f);
+  p = p * z + splat(1.33314422036e-1f);
+  p = p * z + splat(-3.33332819422e-1f);
+  const vf small = p * z * x + x;
+  vf large = splat(1.f) - splat(2.f) / (vexp(ax + ax) + splat(1.f));
+  large = x < splat(0.f) ? -large : large;
+  return ax < splat(0.625f) ? small : large;
 }
 
 }  // namespace inflight_cpu

@@ -11,6 +11,16 @@
 //                0 .. context_len - q_len + j (causal within the chunk, full over the prefix)
 //   out          [num_tokens, num_heads, head_dim]
 //
+// Two per-layer options (0 turns either off, and then nothing is done for it per key):
+//   window W > 0  sliding window (Hugging Face's kv_idx > q_idx - W): the query at position p
+//                 sees keys p - W < k <= p. A work item's block walk starts at the block
+//                 holding its first query's window start, so blocks wholly before the window
+//                 (and their table entries, which may be freed: -1 or reused) are never read,
+//                 and work is proportional to the keys in the window; each query vector's
+//                 lower bound is masked like its causal upper bound, once per block.
+//   softcap c > 0 scores become c * tanh(score / c) after scaling, before masking (Gemma 2),
+//                 on whole vectors (vtanh in cpu_vec.h, about 2 ulp).
+//
 // One work item is (sequence, tile of up to kQueryTile query tokens), all heads: the tile's
 // query vectors of a KV head (tokens x its query group) share every K/V row they read, and a
 // block's rows of all heads (contiguous in the cache) are read in one visit, so K/V are
@@ -197,11 +207,32 @@ inline void add_block_values(const float* p, int64_t stride, const scalar_t* v_r
   }
 }
 
-// One work item: a tile of a sequence's queries, every head. Its context is walked in
-// chunks of whole blocks (about kChunkKeys keys): every key of the chunk is scored for every
-// query vector, one softmax update per vector folds the chunk in, then the values are
-// summed. Each block's K, then its V (block_size rows of all heads, contiguous) is read in
-// one visit, so K/V come from memory once per tile; the lines of the visit kPrefetchBlocks
+// The first key position a query at `pos` sees: 0 without a window (window == 0).
+inline int64_t window_start(int64_t pos, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+}
+
+// Soft-caps the scores s[0, n) of one query vector in place: s = c * tanh(s / c) (n a
+// multiple of kLanes).
+inline void soft_cap(float* s, int64_t n, float softcap) {
+  const vf c = splat(softcap);
+  for (int64_t j = 0; j < n; j += kLanes) storev(s + j, c * vtanh(loadv(s + j) / c));
+}
+
+// What every work item of one call applies to its scores; 0 turns the window or the
+// soft-cap off.
+struct Options {
+  float scale;     // multiplies q . k (folded into the query tile)
+  int64_t window;  // sliding window in keys, the query's own included
+  float softcap;   // logit soft-cap c: scores become c * tanh(score / c)
+};
+
+// One work item: a tile of a sequence's queries, every head. Its context (from the block
+// holding the tile's first window start, block 0 without a window) is walked in chunks of
+// whole blocks (about kChunkKeys keys): every key of the chunk is scored for every query
+// vector, one softmax update per vector folds the chunk in, then the values are summed.
+// Each block's K, then its V (block_size rows of all heads, contiguous) is read in one
+// visit, so K/V come from memory once per tile; the lines of the visit kPrefetchBlocks
 // ahead are asked for a line at a time during the arithmetic (prefetch.h).
 // D > 0: a head_dim of D, vectorised with the cache widened to fp32 lanes as it is read;
 // D == 0: any head_dim, scalar dot products and value sums.
@@ -210,7 +241,7 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
               const scalar_t* v_cache, const int64_t* block_tables, const int64_t* cu_q,
               const int64_t* context_lens, scalar_t* out, int64_t max_blocks,
               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-              float scale) {
+              const Options& opt) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t group = num_heads / num_kv_heads;
   const int64_t q_start = cu_q[item.seq];
@@ -225,9 +256,12 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
   const int64_t block_bytes = block_stride * static_cast<int64_t>(sizeof(scalar_t));
   const int64_t padded = (block_size + kLanes - 1) / kLanes * kLanes;  // a block's scores, whole vectors
   const int64_t tile_last_key = first_pos + item.tile_end - 1;
-  const int64_t num_blocks = tile_last_key / block_size + 1;
+  const int64_t num_blocks = tile_last_key / block_size + 1;  // one past the last block read
+  // The first block read: the one holding the tile's first query's window start (no block
+  // before it is read, nor its table entry).
+  const int64_t first_block = window_start(first_pos + item.tile_start, opt.window) / block_size;
   const int64_t chunk_blocks = std::max<int64_t>(1, kChunkKeys / block_size);
-  const int64_t width = std::min(chunk_blocks, num_blocks) * padded;  // scores per vector and chunk
+  const int64_t width = std::min(chunk_blocks, num_blocks - first_block) * padded;  // scores per vector and chunk
 
   // q_tile[v][d] for v = h * per_head + t * group + g (KV head h, token t, member g of h's
   // query group), pre-scaled; acc, run_max, run_sum, last_key and the score rows
@@ -244,7 +278,7 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
       for (int64_t g = 0; g < group; ++g) {
         const int64_t v = h * per_head + t * group + g;
         const scalar_t* src = query + (token * num_heads + h * group + g) * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) q_tile[v * head_dim + d] = static_cast<float>(src[d]) * scale;
+        for (int64_t d = 0; d < head_dim; ++d) q_tile[v * head_dim + d] = static_cast<float>(src[d]) * opt.scale;
         last_key[v] = first_pos + item.tile_start + t;
       }
     }
@@ -253,8 +287,8 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
   // The blocks in the order they are read: a chunk's K blocks, then its V blocks, then the
   // next chunk's.
   std::vector<const scalar_t*> visits;  // each [block_size, Hkv, D]
-  visits.reserve(2 * num_blocks);
-  for (int64_t c0 = 0; c0 < num_blocks; c0 += chunk_blocks) {
+  visits.reserve(2 * (num_blocks - first_block));
+  for (int64_t c0 = first_block; c0 < num_blocks; c0 += chunk_blocks) {
     const int64_t c1 = std::min(num_blocks, c0 + chunk_blocks);
     for (int64_t b = c0; b < c1; ++b) visits.push_back(k_cache + table[b] * block_stride);
     for (int64_t b = c0; b < c1; ++b) visits.push_back(v_cache + table[b] * block_stride);
@@ -267,7 +301,7 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
     if (visit + kPrefetchBlocks < num_visits) pf.start(visits[visit + kPrefetchBlocks], block_bytes);
     return visits[visit++];
   };
-  for (int64_t c0 = 0; c0 < num_blocks; c0 += chunk_blocks) {
+  for (int64_t c0 = first_block; c0 < num_blocks; c0 += chunk_blocks) {
     const int64_t c1 = std::min(num_blocks, c0 + chunk_blocks);
     for (int64_t b = c0; b < c1; ++b) {  // scores of every vector, a block's K at a time
       const scalar_t* k_block = next_visit();  // [block_size, Hkv, D]
@@ -279,10 +313,17 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
     }
     const int64_t used = (c1 - c0) * padded;
     for (int64_t v = 0; v < nvec; ++v) {  // causal: a query sees no key after itself
-      float* row = scores.data() + v * width;
+      float* row = scores.data() + v * width;  // [used] this chunk's scores of vector v
+      if (opt.softcap > 0.f) soft_cap(row, used, opt.softcap);  // before the masks, as in HF
+      const int64_t first_key = window_start(last_key[v], opt.window);
       for (int64_t b = c0; b < c1; ++b) {
+        float* block_row = row + (b - c0) * padded;  // [padded] block b's scores
         const int64_t visible = std::clamp<int64_t>(last_key[v] - b * block_size + 1, 0, keys_in(b));
-        std::fill(row + (b - c0) * padded + visible, row + (b - c0 + 1) * padded, kNegInf);
+        std::fill(block_row + visible, block_row + padded, kNegInf);
+        if (opt.window > 0) {  // and none before its window
+          const int64_t hidden = std::clamp<int64_t>(first_key - b * block_size, 0, visible);
+          std::fill(block_row, block_row + hidden, kNegInf);
+        }
       }
       softmax_block(row, used, acc.data() + v * head_dim, head_dim, run_max[v], run_sum[v]);
     }
@@ -309,17 +350,19 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
 }
 
 // Cut the items into `parts` contiguous runs of about equal work (query tokens x keys
-// seen, plus a fixed cost per item): contexts differ in length, so equal item counts would
-// leave one thread waiting for the other at the end. Returns parts + 1 bounds.
+// seen, from the tile's first window start, plus a fixed cost per item): contexts differ in
+// length, so equal item counts would leave one thread waiting for the other at the end.
+// Returns parts + 1 bounds.
 std::vector<int64_t> split_by_work(const std::vector<WorkItem>& items, const int64_t* cu_q,
-                                   const int64_t* ctx, int64_t parts) {
+                                   const int64_t* ctx, int64_t window, int64_t parts) {
   constexpr int64_t kItemCost = 64;  // setting up an item, in key-token units
   std::vector<int64_t> cost(items.size());
   int64_t total = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const WorkItem& it = items[i];
     const int64_t first_pos = ctx[it.seq] - (cu_q[it.seq + 1] - cu_q[it.seq]);
-    cost[i] = (it.tile_end - it.tile_start) * (first_pos + it.tile_end) + kItemCost;
+    const int64_t keys = first_pos + it.tile_end - window_start(first_pos + it.tile_start, window);
+    cost[i] = (it.tile_end - it.tile_start) * keys + kItemCost;
     total += cost[i];
   }
   std::vector<int64_t> bounds{0};
@@ -337,14 +380,14 @@ template <typename scalar_t, int D>
 void run_items(const std::vector<WorkItem>& items, const scalar_t* q, const scalar_t* k,
                const scalar_t* v, const int64_t* bt, const int64_t* cu_q, const int64_t* ctx,
                scalar_t* out, int64_t max_blocks, int64_t num_heads, int64_t num_kv_heads,
-               int64_t head_dim, int64_t block_size, float scale) {
+               int64_t head_dim, int64_t block_size, const Options& opt) {
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items.size()));
-  const std::vector<int64_t> bounds = split_by_work(items, cu_q, ctx, parts);
+  const std::vector<int64_t> bounds = split_by_work(items, cu_q, ctx, opt.window, parts);
   at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
     for (int64_t part = begin; part < end; ++part) {
       for (int64_t i = bounds[part]; i < bounds[part + 1]; ++i) {
         run_item<scalar_t, D>(items[i], q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
-                              num_kv_heads, head_dim, block_size, scale);
+                              num_kv_heads, head_dim, block_size, opt);
       }
     }
   });
@@ -356,27 +399,31 @@ template <typename scalar_t>
 void launch(const std::vector<WorkItem>& items, const scalar_t* q, const scalar_t* k,
             const scalar_t* v, const int64_t* bt, const int64_t* cu_q, const int64_t* ctx,
             scalar_t* out, int64_t max_blocks, int64_t num_heads, int64_t num_kv_heads,
-            int64_t head_dim, int64_t block_size, float scale) {
+            int64_t head_dim, int64_t block_size, const Options& opt) {
   if (head_dim == 64) {
     return run_items<scalar_t, 64>(items, q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
-                                   num_kv_heads, head_dim, block_size, scale);
+                                   num_kv_heads, head_dim, block_size, opt);
   }
   if (head_dim == 128) {
     return run_items<scalar_t, 128>(items, q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
-                                    num_kv_heads, head_dim, block_size, scale);
+                                    num_kv_heads, head_dim, block_size, opt);
   }
   run_items<scalar_t, 0>(items, q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
-                         num_kv_heads, head_dim, block_size, scale);
+                         num_kv_heads, head_dim, block_size, opt);
 }
 
 }  // namespace
 
 // query [T, H, D]; k_cache/v_cache [NB, BS, Hkv, D]; block_tables [S, MB] int64;
-// cu_seqlens_q [S + 1] int64; context_lens [S] int64. Returns [T, H, D].
+// cu_seqlens_q [S + 1] int64; context_lens [S] int64; window >= 0 and softcap >= 0 (0: off).
+// Returns [T, H, D].
 torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
                               torch::Tensor block_tables, torch::Tensor cu_seqlens_q,
-                              torch::Tensor context_lens, double scale) {
+                              torch::Tensor context_lens, double scale, int64_t window,
+                              double softcap) {
   TORCH_CHECK(query.device().is_cpu(), "paged_attention: CPU tensors only");
+  TORCH_CHECK(window >= 0, "paged_attention: window must be >= 0 (0: no sliding window)");
+  TORCH_CHECK(softcap >= 0.0, "paged_attention: softcap must be >= 0 (0: no soft-capping)");
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "paged_attention: bad ranks");
   TORCH_CHECK(k_cache.scalar_type() == query.scalar_type() &&
                   v_cache.scalar_type() == query.scalar_type(),
@@ -417,8 +464,9 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
     const scalar_t* v_ptr = v_cache.data_ptr<scalar_t>();
     const int64_t* bt_ptr = block_tables.data_ptr<int64_t>();
     scalar_t* o_ptr = out.data_ptr<scalar_t>();
+    const Options opt{static_cast<float>(scale), window, static_cast<float>(softcap)};
     launch<scalar_t>(items, q_ptr, k_ptr, v_ptr, bt_ptr, cu_q, ctx, o_ptr, max_blocks, num_heads,
-                     num_kv_heads, head_dim, block_size, static_cast<float>(scale));
+                     num_kv_heads, head_dim, block_size, opt);
   });
   return out;
 }
@@ -459,8 +507,28 @@ void write_kv(torch::Tensor key, torch::Tensor value, torch::Tensor k_cache, tor
   });
 }
 
+// tanh of each element of a float32 tensor through vtanh, the function the soft-cap uses
+// (for the tests, which hold it to torch.tanh). Returns a new tensor of x's shape.
+torch::Tensor vector_tanh(torch::Tensor x) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32, "vector_tanh: CPU float32 only");
+  const int64_t n = x.numel();
+  const int64_t padded = (n + kLanes - 1) / kLanes * kLanes;
+  std::vector<float> buf(padded, 0.f);  // [padded] x, then zeros to whole vectors
+  const torch::Tensor flat = x.contiguous().view(-1);  // [n]
+  std::memcpy(buf.data(), flat.data_ptr<float>(), n * sizeof(float));
+  for (int64_t j = 0; j < padded; j += kLanes) storev(buf.data() + j, vtanh(loadv(buf.data() + j)));
+  torch::Tensor out = torch::empty_like(flat);  // [n]
+  std::memcpy(out.data_ptr<float>(), buf.data(), n * sizeof(float));
+  return out.view(x.sizes());
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention,
-        "Paged attention over ragged query chunks with a cached prefix (CPU)");
+        "Paged attention over ragged query chunks with a cached prefix (CPU), optionally over a "
+        "sliding window of keys and with soft-capped scores",
+        py::arg("query"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
+        py::arg("cu_seqlens_q"), py::arg("context_lens"), py::arg("scale"), py::arg("window") = 0,
+        py::arg("softcap") = 0.0);
+  m.def("vector_tanh", &vector_tanh, "tanh per element of a float32 tensor, as the soft-cap computes it");
   m.def("write_kv", &write_kv, "Store each token's K and V rows at its slot (CPU); negative slots skipped");
 }
