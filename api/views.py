@@ -151,11 +151,12 @@ def batch_view(batch: Batch, counts: dict[str, int] | None = None) -> dict[str, 
     }
 
 
-def model_view(model: ServedModel) -> dict[str, Any]:
+def model_view(model: ServedModel, *, worker_ids: bool = False) -> dict[str, Any]:
     """The OpenAI Model object, plus what the workers serving it registered: architecture
-    (``architectures[0]``), ``model_type``, ``dtype``, ``max_model_len``, the worker ids and
-    when one of them was last seen."""
-    return {
+    (``architectures[0]``), ``model_type``, ``dtype``, ``max_model_len``, how many live
+    workers serve it and when one of them was last seen. Worker ids name hosts, so only
+    operators see them (``worker_ids=True``: ``inflight models``, ``/v1/workers``)."""
+    view = {
         "id": model.id,
         "object": "model",
         "created": epoch(model.created),
@@ -164,11 +165,14 @@ def model_view(model: ServedModel) -> dict[str, Any]:
         "model_type": model.model_type,
         "dtype": model.dtype,
         "max_model_len": model.max_model_len,
-        "workers": model.workers,
+        "num_workers": len(model.workers),
         "last_seen_at": epoch(model.last_seen),
     }
+    if worker_ids:
+        view["workers"] = model.workers
+    return view
 
 
-def model_list_view(models: list[ServedModel]) -> dict[str, Any]:
+def model_list_view(models: list[ServedModel], *, worker_ids: bool = False) -> dict[str, Any]:
     """The OpenAI model list."""
-    return {"object": "list", "data": [model_view(m) for m in models]}
+    return {"object": "list", "data": [model_view(m, worker_ids=worker_ids) for m in models]}

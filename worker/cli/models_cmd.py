@@ -1,5 +1,6 @@
 """``inflight models``: the models the live workers serve, read from the store as
-``GET /v1/models`` reads them (a table, or the same JSON with ``--json``)."""
+``GET /v1/models`` reads them (a table, or the same JSON with ``--json``, plus the worker ids, which
+the API shows tenants only as a count)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "/v1/models lists them): architecture, model type, dtype, context length (the "
         "smallest among its workers), seconds since one of them was seen, the worker ids.",
     )
-    p.add_argument("--json", action="store_true", help="the GET /v1/models body, as JSON")
+    p.add_argument("--json", action="store_true", help="the GET /v1/models body, as JSON, with the worker ids")
     p.add_argument("--worker-timeout", type=float, default=30.0,
                    help="a worker silent this long is not live (30 s)")  # fmt: skip
     p.add_argument("--database-url", default=None, help="overrides DATABASE_URL")
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         db.dispose()
     if args.json:
-        print(json.dumps(model_list_view(models), indent=2))
+        print(json.dumps(model_list_view(models, worker_ids=True), indent=2))
     else:
         print("\n".join(format_models(models, now=now)))
     return 0
