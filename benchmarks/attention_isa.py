@@ -50,7 +50,7 @@ def main() -> None:
     for isa in cpu_native.supported_isas():
         ext = cpu_native.load_extension(isa)
         ms = _time(lambda ext=ext: cpu_native.decode_attention(
-            query, k, v, batch.block_tables, batch.context_lens, 0.125, ext), args.repeats)
+            query, k, v, batch.block_tables, batch.context_lens, 0.125, ext=ext), args.repeats)
         print(json.dumps({"build": isa, "ms_per_call": round(ms, 2), **common}), flush=True)
     ms = _time(lambda: reference.decode_attention(
         query, k, v, batch.block_tables, batch.context_lens, 0.125), 3)

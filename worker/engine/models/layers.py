@@ -90,29 +90,19 @@ class Attention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [num_tokens, Hkv, D]
         backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
-        extra = self._kernel_options()
         nd = meta.num_decode_seqs  # decode sequences own the first nd tokens, one each
         if nd:
             out[:nd] = backend.decode_attention(
                 q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.context_lens[:nd],
-                self.scale, **extra,
+                self.scale, window=self.window, softcap=self.softcap,
             )
         if nd < meta.num_seqs:
             cu_q = meta.cu_seqlens_q[nd:] - nd  # [num_prefill_seqs + 1], rebased to 0
             out[nd:] = backend.prefill_attention(
                 q[nd:], k_cache, v_cache, meta.block_tables[nd:], cu_q,
-                meta.context_lens[nd:], self.scale, **extra,
+                meta.context_lens[nd:], self.scale, window=self.window, softcap=self.softcap,
             )
         return self.o_proj(out.view(num_tokens, self.q_size))
-
-    def _kernel_options(self) -> dict[str, float]:
-        """The window and soft-cap, named only when the layer has them."""
-        extra: dict[str, float] = {}
-        if self.window:
-            extra["window"] = self.window
-        if self.softcap:
-            extra["softcap"] = self.softcap
-        return extra
 
     def _norm_qk_(self, qkv: torch.Tensor, ops: LayerOps) -> None:
         """RMSNorm of q and k in place, before rope: over each head's D dimensions (Qwen3,
