@@ -156,7 +156,7 @@ def model_view(model: ServedModel, *, worker_ids: bool = False) -> dict[str, Any
     (``architectures[0]``), ``model_type``, ``dtype``, ``max_model_len``, how many live
     workers serve it and when one of them was last seen. Worker ids name hosts, so only
     operators see them (``worker_ids=True``: ``inflight models``, ``/v1/workers``)."""
-    view = {
+    view: dict[str, Any] = {
         "id": model.id,
         "object": "model",
         "created": epoch(model.created),
