@@ -55,10 +55,14 @@ def hf_greedy(spec: str, prompt_ids: list[int], max_new_tokens: int) -> list[int
 def blocks_consistent(bm, seqs) -> bool:
     """Block-manager invariants: reference counts match the owners' block tables, a block
     is free exactly when nobody owns it, the free count counts those, and a free block is
-    in the cache's queue exactly when it is findable."""
+    in the cache's queue exactly when it is findable. Entries released out of a sliding
+    window (-1) own nothing and must form a prefix of their table."""
     counts = [0] * bm.num_blocks
     for seq in seqs:
-        for block in seq.block_table:
+        held = [block for block in seq.block_table if block != -1]
+        if seq.block_table[len(seq.block_table) - len(held):] != held:
+            return False  # a -1 after a held block
+        for block in held:
             counts[block] += 1
     free_ok = all((counts[b] == 0) == bm.is_free(b) for b in range(bm.num_blocks))
     count_ok = sum(map(bm.is_free, range(bm.num_blocks))) == bm.num_free_blocks

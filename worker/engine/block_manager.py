@@ -12,20 +12,44 @@ Freed plain blocks go first. Then, where the pool's memory is committed from the
 cache keeps what the pool holds. On the CPU by default the pool's pages are committed when
 first written, so never-used blocks come last: the memory the pool holds follows the peak
 number of blocks in use, not the pool's size, and the cache keeps what that peak left free.
+
+Sliding windows (``window`` W > 0: every layer of the model is windowed, W the widest): the
+query at position p reads only keys p - W < k <= p, so once a sequence has computed ``c``
+tokens its blocks wholly before key c - W + 1 are never read again. After each step
+``release_out_of_window`` drops the sequence's reference to them like ``free`` does (a
+block shared by a cached prefix or a forked sample stays with its other holders; a freed
+published block goes to the cache's LRU and stays findable) and leaves ``RELEASED`` (-1)
+at their indices, so index i still holds positions i * block_size onwards. The released
+entries are always a prefix of the table (``num_released``); the attention kernels never
+read them. With W == 0 (a layer sees the whole context) nothing is ever released.
 """
 
 from __future__ import annotations
 
+import bisect
+
 from worker.engine.sequence import Sequence
+
+RELEASED = -1  # a block-table entry whose block slid out of every layer's window
+
+
+def num_released(block_table: list[int]) -> int:
+    """How many leading entries of ``block_table`` are RELEASED (they always form a prefix)."""
+    if not block_table or block_table[0] != RELEASED:
+        return 0  # the common case, and always without a window
+    return bisect.bisect_left(block_table, True, key=lambda b: b != RELEASED)
 
 
 class BlockManager:
     """Allocation, reference counts and the prefix cache of ``num_blocks`` KV blocks."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
-                 *, never_used_last: bool = False) -> None:
+                 *, never_used_last: bool = False, window: int = 0) -> None:
+        if window < 0:
+            raise ValueError(f"window={window}: must be >= 0 (0: no sliding window)")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.window = window  # the model's widest sliding window; 0: some layer sees everything
         self.enable_prefix_caching = enable_prefix_caching
         self.never_used_last = never_used_last  # evict cached blocks before touching new ones
         self.ref_counts = [0] * num_blocks
@@ -56,7 +80,8 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def num_new_blocks(self, seq: Sequence, num_tokens: int) -> int:
-        """Extra blocks ``seq`` needs so that ``num_tokens`` of its tokens fit."""
+        """Extra blocks ``seq`` needs so that ``num_tokens`` of its tokens fit (RELEASED
+        entries keep their index, so the table's length is still the blocks it spans)."""
         return max(0, self.blocks_needed(num_tokens) - len(seq.block_table))
 
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
@@ -66,15 +91,17 @@ class BlockManager:
 
     # -- sharing between the samples of one request -----------------------------------
     def fork(self, parent: Sequence, child: Sequence) -> None:
-        """Let ``child`` share all of ``parent``'s blocks (reference counted)."""
-        for block in parent.block_table:
+        """Let ``child`` share all of ``parent``'s blocks (reference counted); its released
+        entries stay released in the child."""
+        for block in parent.block_table[num_released(parent.block_table):]:
             self.ref_counts[block] += 1
         child.block_table = list(parent.block_table)
         child.num_hashed_blocks = parent.num_hashed_blocks
         child.block_hash = parent.block_hash
 
     def needs_copy_on_write(self, seq: Sequence) -> bool:
-        """True when ``seq``'s next token lands in a block another sequence also holds."""
+        """True when ``seq``'s next token lands in a block another sequence also holds (that
+        block holds position num_computed_tokens, inside the window: never RELEASED)."""
         index = seq.num_computed_tokens // self.block_size
         return index < len(seq.block_table) and self.ref_counts[seq.block_table[index]] > 1
 
@@ -83,6 +110,7 @@ class BlockManager:
         model runner to copy the K/V; the caller checked can_grow."""
         index = seq.num_computed_tokens // self.block_size
         src = seq.block_table[index]
+        assert src != RELEASED, "the next token's block is inside the window"
         dst = self._pop_free()
         self.ref_counts[src] -= 1
         seq.block_table[index] = dst
@@ -110,20 +138,50 @@ class BlockManager:
         self.ref_counts[block] = 1
         return block
 
-    def free(self, seq: Sequence, *, keep_cached: bool = True) -> None:
-        """Release all of ``seq``'s blocks, tail first; ``keep_cached=False`` drops their hashes."""
-        for block in reversed(seq.block_table):
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block] == 0:
-                if not keep_cached:
-                    self._unpublish(block)
-                if self.block_hashes[block] is None:
-                    self.free_plain[block] = None
-                else:
-                    self.free_cached[block] = None
-        seq.block_table = []
+    def free(self, seq: Sequence, *, keep_cached: bool = True, keep_released: bool = False) -> None:
+        """Release all of ``seq``'s blocks, tail first; ``keep_cached=False`` drops their hashes.
+        ``keep_released``: the table keeps its RELEASED entries (a sequence swapped out, so
+        that readmission allocates only the blocks inside its window)."""
+        table = seq.block_table
+        released = num_released(table)
+        for i in range(len(table) - 1, released - 1, -1):
+            self._drop(table[i], keep_cached)
+        seq.block_table = [RELEASED] * released if keep_released else []
         seq.num_hashed_blocks = 0
         seq.block_hash = None
+
+    def _drop(self, block: int, keep_cached: bool = True) -> None:
+        """One holder fewer; a block nobody holds goes to its free queue."""
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            if not keep_cached:
+                self._unpublish(block)
+            if self.block_hashes[block] is None:
+                self.free_plain[block] = None
+            else:
+                self.free_cached[block] = None
+
+    # -- sliding windows --------------------------------------------------------------
+    def num_out_of_window(self, num_computed_tokens: int) -> int:
+        """Leading blocks no layer reads again once ``num_computed_tokens`` are computed.
+
+        The next query sits at p >= c = num_computed_tokens and sees keys k > p - W, so
+        keys below c - W + 1 are dead; block i (keys i * bs .. (i + 1) * bs - 1) is wholly
+        dead when (i + 1) * bs <= c - W + 1. Without a window (W == 0) none is."""
+        if not self.window:
+            return 0
+        return max(0, (num_computed_tokens - self.window + 1) // self.block_size)
+
+    def release_out_of_window(self, seq: Sequence) -> int:
+        """Release ``seq``'s blocks that slid out of every layer's window (see the module
+        docstring), in position order; return how many were released now."""
+        table = seq.block_table
+        start = num_released(table)
+        end = min(self.num_out_of_window(seq.num_computed_tokens), len(table))
+        for i in range(start, end):
+            self._drop(table[i])
+            table[i] = RELEASED
+        return max(0, end - start)
 
     # -- prefix cache -----------------------------------------------------------------
     def _chain(self, parent: int | None, salt: str | None, tokens: tuple[int, ...]) -> int:
@@ -168,7 +226,10 @@ class BlockManager:
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             seq.block_hash = self._chain(seq.block_hash, seq.tenant, tokens)
             block = seq.block_table[i]
-            if seq.block_hash not in self.cached and self.block_hashes[block] is None:
+            # a RELEASED entry (a swapped-in sequence hashing again from its start) only
+            # moves the chain on
+            if (block != RELEASED and seq.block_hash not in self.cached
+                    and self.block_hashes[block] is None):
                 self.cached[seq.block_hash] = block
                 self.block_hashes[block] = seq.block_hash
                 self.block_tokens[block] = tokens

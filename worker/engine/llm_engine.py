@@ -45,7 +45,8 @@ class LLMEngine:
         self.device, self.dtype, self.max_model_len = runner.device, runner.dtype, runner.max_model_len
         self.prepacked, self.load_seconds = runner.prepacked, runner.load_seconds
         self.block_manager = BlockManager(runner.num_blocks, args.block_size, args.enable_prefix_caching,
-                                          never_used_last=not runner.kv_pool_committed)
+                                          never_used_last=not runner.kv_pool_committed,
+                                          window=runner.spec.max_window)  # 0: nothing slides out
         self.swapper = make_swapper(runner.k_pool, runner.v_pool,
                                     block_size=args.block_size, swap_space=args.swap_space,
                                     min_tokens=args.swap_min_tokens)

@@ -12,7 +12,9 @@ first (see ``step_plan``).
 
 ``update(plan, sampled, check_stop)``, after the forward: computed tokens advance,
 sampled tokens are appended, stops are checked, and a finished sequence's blocks are
-freed in the same step.
+freed in the same step. On a model whose every layer has a sliding window, the blocks
+that slid out of the window of a sequence still running are released there too
+(``BlockManager.release_out_of_window``).
 
 The ``static`` policy reproduces request-level batching: a cohort is admitted only when
 nothing runs, and runs until its longest member ends. ``static-padded`` is the same
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from itertools import chain
 
 from worker.engine import speculation
 from worker.engine.block_manager import BlockManager
@@ -141,6 +144,11 @@ class Scheduler:
                 speculation.settle_accepted(seq, len(entry.tokens))
                 bm.publish_full_blocks(seq)
             results.append(Appended(seq, new_tokens, finished))
+        if bm.window:  # after publishing, so released blocks are findable in the cache
+            for seq in chain((s.seq for s in plan.scheduled), (e.seq for e in sampled)):
+                # running only: a static-padded pad row re-reads one position back
+                if seq.status is SequenceStatus.RUNNING:
+                    bm.release_out_of_window(seq)
         self._end_drained_cohort()
         return results
 
@@ -262,7 +270,9 @@ class Scheduler:
         recomputed); return its planned tokens."""
         self.running.remove(seq)
         swapped = self.swap is not None and self.swap.swap_out(seq)
-        self.block_manager.free(seq)
+        # a swapped sequence keeps its released (out-of-window) entries: readmission
+        # allocates, and the swap-in fills, only the blocks inside its window
+        self.block_manager.free(seq, keep_released=swapped)
         if not swapped:
             seq.num_computed_tokens = 0
         speculation.drop_drafts(seq)

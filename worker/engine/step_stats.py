@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from worker.engine.block_manager import BlockManager
+from worker.engine.block_manager import BlockManager, num_released
 from worker.engine.outputs import RequestOutput, StepStats
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
@@ -14,13 +14,20 @@ from worker.engine.step_plan import SchedulerOutput
 def distinct_kv_tokens(holding: Iterable[Sequence], bm: BlockManager) -> int:
     """Tokens whose K/V sit in the holders' blocks, a block shared by several sequences (a
     cached prompt prefix, forked samples) counted once. Sharing is always a prefix of a
-    block table, so each sequence is walked only over its shared head."""
+    block table, so each sequence is walked only over its shared head, from its first
+    block not released out of a sliding window (released blocks' tokens are not counted).
+    With a window, a holder behind another on a shared prefix may hold alone the blocks
+    the other already released; the walk stops there, so the shared blocks after them
+    count once per holder (an overcount of that case only, to keep the walk short)."""
     total = 0
     shared: dict[int, int] = {}  # shared block -> the most tokens any holder has in it
     bs = bm.block_size
     for seq in holding:
-        total += seq.num_computed_tokens
-        for j, block in enumerate(seq.block_table):
+        table = seq.block_table
+        first = num_released(table)
+        total += max(0, seq.num_computed_tokens - first * bs)
+        for j in range(first, len(table)):
+            block = table[j]
             if bm.ref_counts[block] <= 1:
                 break
             filled = min(bs, seq.num_computed_tokens - j * bs)

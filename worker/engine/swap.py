@@ -16,6 +16,12 @@ decision and the copies the next step must make; the scheduler asks it at preemp
 and at readmission. ``HostKVPool`` holds the host tensors and makes those copies; the
 engine runs it after scheduling, before the forward (swap-outs first: a block freed by a
 swap-out may be refilled by a swap-in of the same step).
+
+Sliding windows: blocks released because they slid out of the window (RELEASED entries,
+a prefix of the block table, see ``block_manager``) hold nothing any layer reads again, so
+only the blocks from the first one still held are copied out. The scheduler keeps the
+RELEASED entries in the swapped sequence's table, readmission allocates blocks only after
+them, and the swap-in fills those at the same indices.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from worker.engine.block_manager import num_released
 from worker.engine.sequence import Sequence
 from worker.protocol.sampling_params import InvalidRequestError
 
@@ -65,8 +72,9 @@ class SwapManager:
         self.rule = rule
         self.num_blocks = num_host_blocks
         self.free_blocks = list(range(num_host_blocks - 1, -1, -1))  # pop() gives 0 first
-        self._swapped: dict[int, tuple[Sequence, list[int]]] = {}  # id(seq) -> host blocks
-        self._incoming: dict[int, tuple[Sequence, list[int]]] = {}  # readmitted this step
+        # id(seq) -> (seq, host blocks, the block-table index the first host block belongs at)
+        self._swapped: dict[int, tuple[Sequence, list[int], int]] = {}
+        self._incoming: dict[int, tuple[Sequence, list[int], int]] = {}  # readmitted this step
         self._swap_out: list[BlockCopy] = []  # (device, host) planned this step
         self.total_swapped_out = 0
         self.total_recomputed = 0
@@ -82,21 +90,23 @@ class SwapManager:
 
     def swap_out(self, seq: Sequence) -> bool:
         """At preemption, before the scheduler frees ``seq``'s device blocks: plan the copy
-        of its computed tokens' blocks to the host and return True, or return False (the
-        rule prefers recompute, or the host pool is full) and plan nothing."""
+        of its computed tokens' blocks (those not released out of the window) to the host
+        and return True, or return False (the rule prefers recompute, or the host pool is
+        full) and plan nothing."""
         back = self._incoming.pop(id(seq), None)
         if back is not None:  # readmitted this step, its copy-in not made: stays on the host
             self._swapped[id(seq)] = back
             self.total_swapped_out += 1
             return True
-        tokens = seq.num_computed_tokens
-        blocks = -(-tokens // self.block_size)
-        if not self.rule.prefers_swap(tokens) or blocks > len(self.free_blocks):
+        tokens = seq.num_computed_tokens  # a recompute would prefill them all again
+        first = num_released(seq.block_table)
+        end = -(-tokens // self.block_size)
+        if not self.rule.prefers_swap(tokens) or end - first > len(self.free_blocks):
             self.total_recomputed += 1
             return False
-        host = [self.free_blocks.pop() for _ in range(blocks)]
-        self._swap_out += zip(seq.block_table[:blocks], host, strict=True)
-        self._swapped[id(seq)] = (seq, host)
+        host = [self.free_blocks.pop() for _ in range(first, end)]
+        self._swap_out += zip(seq.block_table[first:end], host, strict=True)
+        self._swapped[id(seq)] = (seq, host, first)
         self.total_swapped_out += 1
         return True
 
@@ -116,11 +126,12 @@ class SwapManager:
         """The copies planned since the last call, which the caller must make now; the
         host blocks of the swap-ins are free again afterwards."""
         pending = PendingCopies(swap_out=self._swap_out)
-        for seq, host in self._incoming.values():
-            if len(seq.block_table) < len(host):
+        for seq, host, first in self._incoming.values():
+            if len(seq.block_table) < first + len(host) or num_released(seq.block_table) != first:
                 raise RuntimeError(f"{seq.request_id}: readmitted with {len(seq.block_table)} "
-                                   f"blocks for {len(host)} swapped ones")
-            pending.swap_in += zip(host, seq.block_table[: len(host)], strict=True)
+                                   f"blocks, {num_released(seq.block_table)} released, for "
+                                   f"{len(host)} swapped ones after {first} released")
+            pending.swap_in += zip(host, seq.block_table[first : first + len(host)], strict=True)
             self.free_blocks += reversed(host)
         self._swap_out, self._incoming = [], {}
         return pending
