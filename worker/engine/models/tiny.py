@@ -8,6 +8,8 @@ parity tests depend on float rounding, are then vanishingly rare.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,18 @@ def _build_config(arch: str, vocab_size: int, eos_id: int, pad_id: int):
     raise ValueError(f"unknown tiny architecture {arch!r}; expected one of {TINY_ARCHS}")
 
 
+BUILDER_VERSION = 2  # bump when build_tiny_checkpoint draws weights differently
+
+
+def tiny_checkpoint_version(arch: str) -> str:
+    """A name for the cache that changes whenever ``arch``'s tiny config does, so a cached
+    checkpoint of an older config is never reused (``v1`` for the two original ones)."""
+    if arch not in REAL_CONFIGS:
+        return "v1"
+    text = json.dumps([scaled_down(arch), BUILDER_VERSION], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
 def build_tiny_checkpoint(path: str | Path, arch: str = "llama", seed: int = 0) -> Path:
     """Write a tiny random ``arch`` checkpoint (HF format) into ``path`` and return it."""
     from transformers import AutoModelForCausalLM
@@ -99,13 +113,19 @@ def build_tiny_checkpoint(path: str | Path, arch: str = "llama", seed: int = 0) 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     # Gemma's norms multiply by (1 + w): their weights sit around 0, the others' around 1.
-    norm_centre = 0.0 if config.model_type.startswith("gemma") else 1.0
+    # Gemma scales embeddings by sqrt(hidden): its table is drawn that much smaller, or the
+    # current token's own embedding would swamp the residual stream and the (tied) logits.
+    gemma = config.model_type.startswith("gemma")
+    norm_centre = 0.0 if gemma else 1.0
+    embed_std = 0.2 / config.hidden_size**0.5 if gemma else 0.2
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.uniform_(norm_centre - 0.2, norm_centre + 0.2)
             elif name.endswith("bias"):
                 param.normal_(0.0, 0.1)
+            elif name.endswith("embed_tokens.weight"):
+                param.normal_(0.0, embed_std)
             else:
                 # std 0.2 instead of the 0.02 init: logits spread over several units.
                 param.normal_(0.0, 0.2)

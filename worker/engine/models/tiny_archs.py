@@ -116,7 +116,7 @@ REAL_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 # Windows at test size: shorter than the parity tests' prompts, some not a block multiple.
-TINY_WINDOWS = {"mistral": 16, "gemma2": 20, "gemma3": 12, "phi3": 15, "phi4mini": 40}
+TINY_WINDOWS = {"mistral": 16, "gemma2": 9, "gemma3": 12, "phi3": 15, "phi4mini": 40}
 # Layers at test size: one whole period of each layer pattern.
 TINY_LAYERS = {"gemma2": 2, "gemma3": 6, "smollm3": 4}
 
