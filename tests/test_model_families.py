@@ -71,6 +71,8 @@ def test_greedy_equals_transformers(arch: str) -> None:
     for i, (prompt, out) in enumerate(zip(prompts, outputs, strict=True)):
         assert out == expected[i], f"{arch}, preempting: prompt {i} of {len(prompt)} tokens"
     assert preemptions > 0, "the pool was meant to force preemption"
+    if tight.runner.spec.moe is not None and tight.runner.prepacked:  # experts packed for oneDNN
+        assert all(layer.mlp.packed for layer in tight.runner.model.decoder_layers)
     # A committed pool with room hands out never-used blocks before cached ones, so what
     # the first sequence left (or released behind its windows) stays findable.
     roomy = LLMEngine(model=spec, num_kv_blocks=64, max_num_seqs=6, max_num_batched_tokens=24,

@@ -33,7 +33,29 @@ QWEN2_5_0_5B: dict[str, Any] = {
     "sliding_window": 32768, "max_window_layers": 21, "bos_token_id": 151643,
     "eos_token_id": 151643, "hidden_act": "silu",
 }
+QWEN3_0_6B: dict[str, Any] = {
+    "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
+    "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": True,
+    "attention_bias": False, "use_sliding_window": False, "max_window_layers": 28,
+    "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu",
+}
+# Qwen3-30B-A3B's widths and experts (hidden 2048, 32 query / 4 KV heads of 128, experts of
+# 768 picked 8 at a time, renormalised), cut to 6 of its 48 layers and 32 of its 128 experts
+# so that it fits (and runs in minutes on) a 2-core 24 GiB machine in fp32: 8.0 GB.
+QWEN3_MOE_SMALL: dict[str, Any] = {
+    "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 6,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "num_experts": 32, "num_experts_per_tok": 8, "norm_topk_prob": True,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+    "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu",
+}
 ARCHS = {"llama-3.2-1b": LLAMA_3_2_1B, "qwen2.5-0.5b": QWEN2_5_0_5B}
+# Real-shape checkpoints for `benchmarks/make_arch_checkpoint.py` (the CPU comparison with vLLM).
+BENCH_ARCHS = {**ARCHS, "qwen3-0.6b": QWEN3_0_6B, "qwen3-moe-small": QWEN3_MOE_SMALL}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja")
 
@@ -66,6 +88,24 @@ def _init_tensor(name: str, shape: torch.Size, gen: torch.Generator,
     return torch.randn(shape, generator=gen, device=device) / shape[-1] ** 0.5  # unit gain
 
 
+def _hub_names(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    """transformers keeps a MoE layer's experts stacked (``mlp.experts.gate_up_proj``
+    ``[E, 2I, H]``, ``mlp.experts.down_proj`` ``[E, H, I]``); published checkpoints, and
+    the loaders of other engines, name each expert's projections: write those."""
+    prefix, _, last = name.rpartition(".")
+    if not prefix.endswith(".experts") or last not in ("gate_up_proj", "down_proj"):
+        return {name: tensor}
+    out = {}
+    for e, expert in enumerate(tensor):
+        if last == "down_proj":
+            out[f"{prefix}.{e}.down_proj.weight"] = expert.clone()
+        else:
+            gate, up = expert.chunk(2, dim=0)
+            out[f"{prefix}.{e}.gate_proj.weight"] = gate.clone()
+            out[f"{prefix}.{e}.up_proj.weight"] = up.clone()
+    return out
+
+
 def build_random_checkpoint(directory: Path, config: dict[str, Any], *, seed: int,
                             device: torch.device) -> Path:
     """Write a random-weight checkpoint of ``config`` into ``directory`` and return it."""
@@ -81,8 +121,10 @@ def build_random_checkpoint(directory: Path, config: dict[str, Any], *, seed: in
     if hf_config.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)
     gen = torch.Generator(device=device).manual_seed(seed)
-    tensors = {name: _init_tensor(name, shape, gen, device).to(torch.bfloat16).cpu()
-               for name, shape in sorted(shapes.items())}
+    tensors: dict[str, torch.Tensor] = {}
+    for name, shape in sorted(shapes.items()):
+        tensor = _init_tensor(name, shape, gen, device).to(torch.bfloat16).cpu()
+        tensors.update(_hub_names(name, tensor))
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     hf_config.save_pretrained(directory)

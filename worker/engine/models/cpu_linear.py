@@ -14,6 +14,8 @@ with the batch it is in (the engine's batch invariance holds; tests check it).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -42,6 +44,17 @@ def onednn_available(dtype: torch.dtype = torch.float32) -> bool:
     return dtype == torch.float32
 
 
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` ``[out, in]`` packed once into oneDNN's blocked layout."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:  # [T, in] -> [T, out]
+    """``x W^T + b`` from a weight packed by :func:`pack_weight`."""
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+
+
 class PackedLinear(nn.Module):
     """``y = x W^T + b`` from a weight packed once by oneDNN (CPU, fp32 or bf16)."""
 
@@ -50,13 +63,11 @@ class PackedLinear(nn.Module):
         weight = linear.weight.detach()  # [out_features, in_features]
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+        self.packed_weight = pack_weight(weight)
         self.bias = None if linear.bias is None else linear.bias.detach().clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, in] -> [num_tokens, out]
-        return torch.ops.mkldnn._linear_pointwise(
-            x.contiguous(), self.packed_weight, self.bias, "none", [], ""
-        )
+        return packed_linear(x, self.packed_weight, self.bias)
 
 
 def cap_primitive_cache() -> None:
@@ -76,8 +87,8 @@ def cap_primitive_cache() -> None:
 
 
 def pack_linears(module: nn.Module) -> int:
-    """Replace every ``nn.Linear`` under ``module`` by a :class:`PackedLinear`; returns how
-    many were replaced. A weight shared with another module (tied embeddings) stays shared
+    """Replace every ``nn.Linear`` under ``module`` by a :class:`PackedLinear`, and pack the
+    experts of every :class:`PacksExperts` module; returns how many weights were packed. A weight shared with another module (tied embeddings) stays shared
     there; the packed copy serves only the matmul. Caps oneDNN's primitive cache first
     (:func:`cap_primitive_cache`)."""
     cap_primitive_cache()
@@ -90,6 +101,16 @@ def _pack(module: nn.Module) -> int:
         if isinstance(child, nn.Linear):
             setattr(module, name, PackedLinear(child))
             replaced += 1
+        elif isinstance(child, PacksExperts):
+            replaced += child.pack_experts(pack_weight)
         else:
             replaced += _pack(child)
     return replaced
+
+
+@runtime_checkable
+class PacksExperts(Protocol):
+    """A module holding stacked expert weights that it can pack one expert at a time
+    (its own ``nn.Linear`` children, such as a router, are its business)."""
+
+    def pack_experts(self, pack: Callable[[torch.Tensor], torch.Tensor]) -> int: ...
