@@ -127,6 +127,7 @@ def build_random_checkpoint(directory: Path, config: dict[str, Any], *, seed: in
         tensors.update(_hub_names(name, tensor))
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    hf_config.architectures = [type(skeleton).__name__]  # other engines pick their model class by it
     hf_config.save_pretrained(directory)
     tokenizer_dir = Path(resolve_checkpoint_dir("tiny-llama"))
     for name in TOKENIZER_FILES:

@@ -39,6 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "NUMA node's memory it reserves; its default (0.92) refuses to start "
                    "unless that much is free, which a 24 GiB machine split in two nodes "
                    "with a database beside it does not have")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="default: the workload's longest request rounded up to 256 tokens (a "
+                   "model with a 40k context otherwise needs KV for 40k tokens to start)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--tokens-out", default=None, help="write each request's output ids here")
     p.add_argument("--json-out", default=None, help="write the figures here too")
@@ -131,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     with TreeRssSampler() as rss:
         t_load = time.perf_counter()
         kwargs = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
+        longest = max(len(r["prompt_token_ids"]) + r["max_tokens"] for r in rows)
+        kwargs["max_model_len"] = args.max_model_len or -(-longest // 256) * 256
         llm = LLM(model=args.model_dir, dtype=args.dtype, seed=0,
                   gpu_memory_utilization=args.memory_fraction, **kwargs)
         load_s = time.perf_counter() - t_load

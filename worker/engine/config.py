@@ -8,6 +8,10 @@ from worker.protocol.sampling_params import InvalidRequestError
 
 POLICIES = ("fcfs", "static", "static-padded", "priority", "sjf", "fair")
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB: about 23k tokens of SmolLM2-135M in fp32
+# ...but never fewer tokens than this: a model with wider KV per token (Qwen3-0.6B: 224 KiB
+# in fp32, 4.7k tokens in 1 GiB) would otherwise preempt all the time. The CPU pool is only
+# reserved, so the bytes beyond what is in use cost no memory.
+DEFAULT_CPU_KV_CACHE_MIN_TOKENS = 16384
 
 
 @dataclass

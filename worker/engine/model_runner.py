@@ -17,7 +17,11 @@ import torch
 
 from kernels import get_backend
 from worker.engine.attention_metadata import AttentionMetadata
-from worker.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineArgs
+from worker.engine.config import (
+    DEFAULT_CPU_KV_CACHE_BYTES,
+    DEFAULT_CPU_KV_CACHE_MIN_TOKENS,
+    EngineArgs,
+)
 from worker.engine.decode_graphs import DecodeGraphs
 from worker.engine.models.cpu_linear import onednn_available, pack_linears
 from worker.engine.models.loader import load_checkpoint
@@ -164,17 +168,19 @@ class ModelRunner:
 
     def _num_kv_blocks(self, args: EngineArgs) -> int:
         """Blocks for the pool: ``num_kv_blocks``, else ``kv_cache_memory`` bytes, else 80%
-        of free GPU memory (CUDA) or DEFAULT_CPU_KV_CACHE_BYTES (CPU)."""
+        of free GPU memory (CUDA) or DEFAULT_CPU_KV_CACHE_BYTES, and at least
+        DEFAULT_CPU_KV_CACHE_MIN_TOKENS tokens (CPU)."""
         if args.num_kv_blocks is not None:
             return args.num_kv_blocks
+        per_token = kv_bytes_per_token(self.spec, self.dtype)
         budget = args.kv_cache_memory
         if budget is None:
             if self.device.type == "cuda":
                 free, _ = torch.cuda.mem_get_info(self.device)
                 budget = int(free * 0.8)
             else:
-                budget = DEFAULT_CPU_KV_CACHE_BYTES
-        per_block = kv_bytes_per_token(self.spec, self.dtype) * args.block_size
+                budget = max(DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_CPU_KV_CACHE_MIN_TOKENS * per_token)
+        per_block = per_token * args.block_size
         if budget < per_block:
             raise InvalidRequestError(f"kv_cache_memory={budget} bytes is smaller than one block ({per_block})")
         return budget // per_block
