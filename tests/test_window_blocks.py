@@ -438,3 +438,23 @@ def test_gemma2_mixed_windows_release_nothing(backend: str | None) -> None:
     outputs, counts = _run(engine, prompts, _greedy())
     _check_hf("tiny-gemma2", prompts, outputs)
     assert counts["released"] == 0 and seen == []  # not even called without a window
+
+
+def test_a_windowed_model_runs_requests_longer_than_the_pool() -> None:
+    """With windows on every layer a sequence holds about window + one chunk of KV, so a
+    request longer than the whole pool is admitted and still equals transformers."""
+    from worker.engine import InvalidRequestError
+
+    # 10 blocks of 16 = 160 tokens; window 16 + chunks of 32 + 2 partial blocks = 80.
+    engine = LLMEngine(model="tiny-mistral", num_kv_blocks=10, max_num_batched_tokens=32)
+    prompt = prompt_token_lists(engine.tokenizer, 1, seed=4, lo=60, hi=60)[0]
+    engine.add_request("long", prompt, SamplingParams(temperature=0.0, max_tokens=150, ignore_eos=True))
+    tokens: list[int] = []
+    while engine.has_unfinished_requests():
+        tokens += [t for o in engine.step()[0] if o.finished for t in o.token_ids]
+    assert len(prompt) + 150 > 160
+    assert tokens == hf_greedy("tiny-mistral", prompt, 150)
+    # Without windows the same request is refused at once, naming the pool.
+    plain = LLMEngine(model="tiny-llama", num_kv_blocks=10, max_num_batched_tokens=32)
+    with pytest.raises(InvalidRequestError, match="whole pool holds"):
+        plain.add_request("long", prompt, SamplingParams(temperature=0.0, max_tokens=150, ignore_eos=True))

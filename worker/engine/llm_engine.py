@@ -68,6 +68,8 @@ class LLMEngine:
             vocab_size=runner.vocab_size, max_model_len=runner.max_model_len,
             pool_tokens=runner.num_blocks * args.block_size, device=runner.device,
             max_prompt_tokens=None if args.enable_chunked_prefill else args.max_num_batched_tokens,
+            window=runner.spec.max_window, block_size=args.block_size,
+            step_tokens=args.max_num_batched_tokens,
         )
         self.speculator = (
             NgramSpeculator(num_tokens=args.num_speculative_tokens, max_rows=args.speculative_max_rows)

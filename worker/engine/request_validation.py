@@ -27,6 +27,20 @@ class RequestLimits:
     pool_tokens: int  # tokens the whole KV pool holds
     max_prompt_tokens: int | None  # the token budget when prompts cannot be chunked, else None
     device: torch.device
+    window: int = 0  # every layer's widest window (0: some layer reads everything)
+    block_size: int = 16
+    step_tokens: int = 2048  # max_num_batched_tokens: the longest chunk one step computes
+
+    def peak_tokens(self, prompt_tokens: int, max_tokens: int) -> int:
+        """The most tokens' KV a sequence holds at once: all of them, or with windows on
+        every layer (blocks behind the window are released after each step) the window,
+        one step's chunk (the whole prompt when prompts cannot be chunked) and the two
+        partly filled blocks at either end."""
+        total = prompt_tokens + max_tokens
+        if not self.window:
+            return total
+        chunk = prompt_tokens if self.max_prompt_tokens is not None else self.step_tokens
+        return min(total, self.window + chunk + 2 * self.block_size)
 
 
 def tokenize(tokenizer, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
@@ -74,7 +88,7 @@ def new_sequence(
             f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {n + max_tokens} exceeds the "
             f"context of {context} tokens"
         )
-    if n + max_tokens > limits.pool_tokens:
+    if limits.peak_tokens(n, max_tokens) > limits.pool_tokens:
         raise InvalidRequestError(
             f"prompt ({n} tokens) + max_tokens ({max_tokens}) needs more KV than the whole "
             f"pool holds ({limits.pool_tokens} tokens)"
