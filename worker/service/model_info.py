@@ -27,7 +27,7 @@ def describe_engine(engine: Any, spec: str) -> ModelInfo:
     """The model info of ``engine`` built from ``spec``: its runner's transformers config
     (``model_type``, ``architectures[0]``), dtype (``float32``, without ``torch.``) and
     ``max_model_len``. An engine without a runner (a test double) gives the id alone."""
-    runner = getattr(engine, "runner", None) or getattr(engine, "model_runner", None)
+    runner = getattr(engine, "runner", None)
     config = getattr(runner, "config", None)
     architectures = getattr(config, "architectures", None) or []
     dtype = getattr(runner, "dtype", None)
