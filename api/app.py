@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from api.auth import KeyCache
 from api.context import Context, make_context
 from api.errors import install_error_handlers
+from api.job_waiter import close_async_redis
 from api.limits import BodySizeLimit
 from api.metrics import HttpMetrics, MetricsMiddleware
 from api.settings import Settings
@@ -20,7 +21,16 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     """Build the API app. Pools are created here but connect on first use; in eager mode
     the in-process beat starts with the app's lifespan and stops with it."""
     from api.control.celery_app import Dispatcher, EmbeddedBeat, make_celery
-    from api.routers import batches, files, health, jobs, models, webhook_secret, workers
+    from api.routers import (
+        batches,
+        completions,
+        files,
+        health,
+        jobs,
+        models,
+        webhook_secret,
+        workers,
+    )
 
     settings = settings or (ctx.settings if ctx else Settings.from_env())
     context = ctx or make_context(settings)
@@ -38,6 +48,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             if beat is not None:
                 beat.stop()
             dispatcher.close()
+            await close_async_redis()
             if ctx is None:
                 context.close()
 
@@ -63,6 +74,6 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
         BodySizeLimit, json_limit=settings.max_body_bytes, file_limit=settings.max_file_bytes
     )
     app.add_middleware(TracingMiddleware)  # outermost: the span covers the whole request
-    for module in (health, jobs, batches, files, models, workers, webhook_secret):
+    for module in (health, jobs, completions, batches, files, models, workers, webhook_secret):
         app.include_router(module.router)
     return app

@@ -68,6 +68,9 @@ class Settings:
     webhook_allow_hosts: tuple[str, ...] = ()
     webhook_total_timeout: float = 10.0  # one delivery, connect to last byte
     grammar_check: bool = True  # compile structured-output constraints at submission
+    # POST /v1/chat/completions and /v1/completions: longest wait for the job (then 504
+    # and the job is cancelled, unless the request detached it)
+    completion_timeout: float = 600.0
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -105,6 +108,7 @@ class Settings:
             ),
             webhook_total_timeout=_env_float("INFLIGHT_WEBHOOK_TOTAL_TIMEOUT", 10.0),
             grammar_check=_env_bool("INFLIGHT_GRAMMAR_CHECK", True),
+            completion_timeout=_env_float("INFLIGHT_COMPLETION_TIMEOUT", 600.0),
         )
         for name, value in overrides.items():
             if value is not None:

@@ -24,7 +24,11 @@ EXAMPLES_PER_OPERATION = 20
 def test_no_server_errors(env: ApiEnv) -> None:
     schema = schemathesis.openapi.from_asgi("/openapi.json", env.app)
     headers = {"Authorization": f"Bearer {env.key('t-fuzz')}"}
-    operations = [r.ok() for r in schema.get_all_operations()]
+    # The OpenAI routes wait for a worker (none runs here: a valid body would end in the
+    # 504 of INFLIGHT_COMPLETION_TIMEOUT by design); test_openai_compat.py drives them.
+    waiting = {"/v1/chat/completions", "/v1/completions"}
+    operations = [op for op in (r.ok() for r in schema.get_all_operations())
+                  if op.path not in waiting]
     assert len(operations) >= 14
     statuses: list[int] = []
     for op in operations:

@@ -50,6 +50,11 @@ class QueueKeys:
         """Set once ``carried`` was built from the streams: from then on it is complete."""
         return f"{self.prefix}:carried:ready"
 
+    def deltas(self, job_id: str) -> str:
+        """The events stream of one job that someone waits on: its text deltas as the
+        worker produces them (streamed jobs) and its end (``worker.queue.job_events``)."""
+        return f"{self.prefix}:job:deltas:{job_id}"
+
     @property
     def reconcile_lock(self) -> str:
         """Lock so only one reconciler runs at a time."""

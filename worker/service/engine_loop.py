@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 
 from worker.engine.outputs import RequestOutput
+from worker.queue.job_events import DELTAS, Delta, wanted
+from worker.service.delta_publisher import DeltaPublisher
 from worker.service.engine_api import EngineAPI, error_text
 from worker.service.engine_health import EngineBroken, probe_engine
 from worker.service.held_jobs import HeldJob
@@ -27,6 +29,7 @@ from worker.service.loop_results import LoopResults
 from worker.service.observe import JobObserver
 from worker.service.prepare import prepare
 from worker.service.runtime import WorkerRuntime
+from worker.service.stream_text import StreamTexts
 from worker.service.writer import OutputWriter
 
 log = logging.getLogger(__name__)
@@ -58,6 +61,9 @@ class EngineLoop:
         self.results = LoopResults(writer=writer, counters=self.counters, worker_id=self.worker_id,
                                    tokenizer=engine.tokenizer, observer=observer)
         self._drain_deadline: float | None = None
+        # jobs that asked to stream: their text deltas after each step (stream_text.py)
+        self.streams = StreamTexts(engine.tokenizer)
+        self.deltas = DeltaPublisher(redis_client=runtime.redis, keys=runtime.keys)
         self.observer = observer
         self._note_preemptions = observer is not None and observer.tracing
 
@@ -167,6 +173,8 @@ class EngineLoop:
             self.results.failed(held, error_text(exc))
             return
         self.active[held.job_id] = held
+        if wanted(msg.body) == DELTAS:
+            self.streams.add(held.job_id, prep.params)
 
     def _apply_cancels(self) -> None:
         with self.lock:
@@ -191,14 +199,19 @@ class EngineLoop:
         if stats.num_preemptions and self._note_preemptions:
             assert self.observer is not None
             self.observer.note_preemptions(self.engine, stats)
+        deltas: list[Delta] = []
         for out in outputs:
             if out.finished:
                 self._finish(out)
+            elif out.request_id in self.streams and (d := self.streams.update(out)) is not None:
+                deltas.append(d)
+        self.deltas.put(deltas)
         if self.config.write_traces:
             self.results.step_trace(stats)
 
     def _finish(self, out: RequestOutput) -> None:
         held = self.active.pop(out.request_id, None)
+        self.streams.discard([out.request_id])
         if held is None:
             return  # aborted for isolation or drain; handled elsewhere
         cancelled = out.request_id in self.cancelling
@@ -209,6 +222,7 @@ class EngineLoop:
         suspects = list(self.active.values())
         log.error("engine step failed with %d jobs in it: %s", len(suspects), error_text(exc))
         self.active.clear()
+        self.streams.discard(h.job_id for h in suspects)
         for h in suspects:
             self.engine.abort_request(h.job_id)
             self.cancelling.discard(h.job_id)
@@ -237,6 +251,7 @@ class EngineLoop:
             left = [*(extra or []), *self.active.values(), *self.inbox.take_all(), *waiting]
         for h in self.active.values():
             self.engine.abort_request(h.job_id)
+        self.streams.discard(list(self.active))
         self.active.clear()
         self.results.hand_back(left)
         return len(left)
@@ -257,6 +272,7 @@ class EngineLoop:
             log.warning("drain deadline reached; handing back %d unfinished jobs", len(left))
             for h in left:
                 self.engine.abort_request(h.job_id)
+            self.streams.discard(list(self.active))
             self.active.clear()
             self.results.release(left)
             return True

@@ -176,6 +176,7 @@ class Worker:
                 loop.hand_back_all()  # what the intake delivered before it stopped
             if not self.flags.stop_now.is_set() and not writer.close(timeout=c.drain_timeout + 30):
                 log.warning("writer did not finish; unwritten jobs stay pending in Redis")
+            loop.deltas.close()
             maintenance.close()
             observer.detach()
             if self.flags.stop_now.is_set():

@@ -17,6 +17,7 @@ from typing import Any
 from worker.jobs.hand_back import hand_back_jobs
 from worker.queue.cancel import clear_cancels
 from worker.queue.consumer import ack
+from worker.queue.job_events import end_fields, publish_events, wanted
 from worker.service.held_jobs import HeldJob
 from worker.service.observe import JobObserver
 from worker.service.retry import is_transient, retry
@@ -201,9 +202,25 @@ class OutputWriter:
                 stop=self.flags.stop_now,
             )
             self.registry.remove(done)
+            self._announce(finished)
             if self.observer is not None:
                 timelines = [f.timeline for f in finished if f.timeline is not None]
                 self.observer.written(timelines, write_start, time.time())
+
+    def _announce(self, finished: list[Finished]) -> None:
+        """Tell whoever waits on a job (its request asked for events) that its result is
+        committed. Best effort: a waiter that misses it reads the job from SQL."""
+        events = [
+            (f.result.job_id, end_fields(f.result.status))
+            for f in finished
+            if f.held is not None
+            and f.held.delivery.message is not None
+            and wanted(f.held.delivery.message.body)
+        ]
+        try:
+            publish_events(redis_client=self.redis, keys=self.keys, events=events)
+        except Exception as exc:
+            log.warning("could not announce the end of %d jobs: %s", len(events), exc)
 
     def _commit(self, finished: list[Finished], rows: list[dict[str, Any]]) -> list[Finished]:
         """Write the batch; returns the results that could not be stored at all."""
