@@ -8,13 +8,14 @@ import os
 import uuid
 from collections import deque
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from api.context import Context
 from api.control.batch_ids import line_of_job
-from api.control.staging import read_errors
+from api.control.staging import read_errors, staging_path
 from api.views import response_body
 from worker.protocol.openai_batch import format_batch_output_line, format_error_line
+from worker.queue.lock import RenewableLock
 from worker.store.crud.batch_admin import (
     batch_jobs_in_order,
     get_progress,
@@ -32,24 +33,28 @@ _FINAL_OF = {
     "cancelling": "cancelled",
     "expired": "expired",
 }
-LOCK_TTL_S = 600
+LOCK_TTL_S = 60
+"""The finalize lock's lease: renewed with every page of jobs written, so it is held as
+long as a finalize runs, and a finalizer that died frees the batch within a minute."""
 
 
 def finalize_batch(ctx: Context, *, batch_id: str, expiring: bool = False) -> str:
     """Write the output and error files once no job of the batch is open; returns the
-    batch's status afterwards (unchanged while jobs are still open)."""
-    lock = f"{ctx.keys.prefix}:lock:finalize:{batch_id}"
-    token = uuid.uuid4().hex
-    if not cast(Any, ctx.redis).set(lock, token, nx=True, ex=LOCK_TTL_S):
+    batch's status afterwards (unchanged while jobs are still open). One finalizer at a
+    time per batch: ``locked`` when another holds the lock; a finalizer that lost it
+    (stalled past its lease) stops before it records anything."""
+    lock = RenewableLock(
+        ctx.redis, f"{ctx.keys.prefix}:lock:finalize:{batch_id}", uuid.uuid4().hex, LOCK_TTL_S
+    )
+    if not lock.take():
         return "locked"
     try:
-        return _finalize(ctx, batch_id, expiring)
+        return _finalize(ctx, batch_id, expiring, lock)
     finally:
-        if cast(Any, ctx.redis).get(lock) == token:
-            cast(Any, ctx.redis).delete(lock)
+        lock.release()
 
 
-def _finalize(ctx: Context, batch_id: str, expiring: bool) -> str:
+def _finalize(ctx: Context, batch_id: str, expiring: bool, lock: RenewableLock) -> str:
     with ctx.session_factory.begin() as session:
         batch = get_batch(session=session, batch_id=batch_id)
         if batch is None:
@@ -67,8 +72,9 @@ def _finalize(ctx: Context, batch_id: str, expiring: bool) -> str:
             set_batch_status(session=session, batch_id=batch_id, status="finalizing")
         tenant = batch.tenant
     final = "expired" if expiring else _FINAL_OF[status]
-    out_id, err_id, counts = _write_files(ctx, batch_id, tenant, final)
+    out_id, err_id, counts = _write_files(ctx, batch_id, tenant, final, lock)
     with ctx.session_factory.begin() as session:
+        lock.renew()  # still ours: nobody else finalized meanwhile
         batch = get_batch(session=session, batch_id=batch_id)
         assert batch is not None
         batch.output_file_id = out_id
@@ -77,11 +83,12 @@ def _finalize(ctx: Context, batch_id: str, expiring: bool) -> str:
         batch.request_completed = counts["completed"]
         batch.request_failed = counts["failed"]
         set_batch_status(session=session, batch_id=batch_id, status=final)
+    staging_path(ctx, batch_id).unlink(missing_ok=True)  # its lines are in the error file now
     return final
 
 
 def _write_files(
-    ctx: Context, batch_id: str, tenant: str, final: str
+    ctx: Context, batch_id: str, tenant: str, final: str, lock: RenewableLock
 ) -> tuple[str | None, str | None, dict[str, int]]:
     staged = read_errors(ctx, batch_id)
     out_id, err_id = new_file_id(), new_file_id()
@@ -90,36 +97,43 @@ def _write_files(
     counts = {"total": 0, "completed": 0, "failed": 0}
     pending_errors = deque(sorted(staged.items()))  # popleft: O(1) per staged line
     n_out = n_err = 0
-    with open(out_tmp, "w", encoding="utf-8") as out, open(err_tmp, "w", encoding="utf-8") as err:
+    try:
+        with open(out_tmp, "w", encoding="utf-8") as out, open(err_tmp, "w", encoding="utf-8") as err:
 
-        def flush_staged(before: int) -> None:
-            nonlocal n_err
-            while pending_errors and pending_errors[0][0] < before:
-                err.write(pending_errors.popleft()[1] + "\n")
-                n_err += 1
-                counts["failed"] += 1
-                counts["total"] += 1
-
-        after = ""
-        while True:
-            with ctx.session_factory() as session:
-                jobs = batch_jobs_in_order(session=session, batch_id=batch_id, after_id=after)
-            if not jobs:
-                break
-            after = jobs[-1].id
-            for job in jobs:
-                flush_staged(line_of_job(job.id))
-                counts["total"] += 1
-                line = _job_line(ctx, job)
-                if job.status == "succeeded" and line is not None:
-                    out.write(line + "\n")
-                    n_out += 1
-                    counts["completed"] += 1
-                else:
-                    err.write((line or _failure_line(job, final)) + "\n")
+            def flush_staged(before: int) -> None:
+                nonlocal n_err
+                while pending_errors and pending_errors[0][0] < before:
+                    err.write(pending_errors.popleft()[1] + "\n")
                     n_err += 1
                     counts["failed"] += 1
-        flush_staged(1 << 62)
+                    counts["total"] += 1
+
+            after = ""
+            while True:
+                lock.renew()  # raises when it ran out and another finalizer took the batch
+                with ctx.session_factory() as session:
+                    jobs = batch_jobs_in_order(session=session, batch_id=batch_id, after_id=after)
+                if not jobs:
+                    break
+                after = jobs[-1].id
+                for job in jobs:
+                    flush_staged(line_of_job(job.id))
+                    counts["total"] += 1
+                    line = _job_line(ctx, job)
+                    if job.status == "succeeded" and line is not None:
+                        out.write(line + "\n")
+                        n_out += 1
+                        counts["completed"] += 1
+                    else:
+                        err.write((line or _failure_line(job, final)) + "\n")
+                        n_err += 1
+                        counts["failed"] += 1
+            flush_staged(1 << 62)
+        lock.renew()
+    except BaseException:  # lost the lock (or failed): leave no temporary file behind
+        out_tmp.unlink(missing_ok=True)
+        err_tmp.unlink(missing_ok=True)
+        raise
     with ctx.session_factory.begin() as session:
         out_file = _publish(session, tenant, out_id, out_tmp, out_path, f"{batch_id}_output.jsonl", n_out)
         err_file = _publish(session, tenant, err_id, err_tmp, err_path, f"{batch_id}_error.jsonl", n_err)

@@ -174,24 +174,155 @@ def test_resolution_decides_not_the_name() -> None:
 def test_due_deliveries_are_claimed_once(make_env, receiver: str) -> None:
     from datetime import timedelta
 
-    from worker.store.base import utcnow
-    from worker.store.crud.api_jobs import claim_due_webhooks
+    from worker.store.crud.api_jobs import claim_due_webhooks, webhook_lease
 
     env = make_env(webhook_allow_hosts=("127.0.0.1",))
     h = env.auth("tenant-wh5")
     ids = {_ended_job(env, h, receiver) for _ in range(3)}
-    lease = utcnow() + timedelta(seconds=60)
     first = env.ctx.session_factory()
     second = env.ctx.session_factory()
     try:
         with first.begin():
-            got_first = set(claim_due_webhooks(session=first, lease_until=lease))
+            lease = webhook_lease(timedelta(seconds=60))
+            got_first = set(claim_due_webhooks(session=first, lease=lease))
             with second.begin():  # overlapping beat, while the first holds its locks
-                got_second = set(claim_due_webhooks(session=second, lease_until=lease))
+                other = webhook_lease(timedelta(seconds=60))
+                got_second = set(claim_due_webhooks(session=second, lease=other))
         with second.begin():  # and after the first committed its lease
-            got_late = set(claim_due_webhooks(session=second, lease_until=lease))
+            got_late = set(claim_due_webhooks(session=second, lease=other))
     finally:
         first.close()
         second.close()
     assert ids <= got_first
     assert not (got_first & got_second) and not (got_first & got_late)
+
+
+def _store_callback(env: ApiEnv, job_id: str, url: str) -> None:
+    """Put ``url`` in the job's row as a submission before the parser fix could have."""
+    from sqlalchemy import update
+
+    from worker.store.models import ApiJob
+
+    with env.ctx.session_factory.begin() as s:
+        s.execute(update(ApiJob).where(ApiJob.job_id == job_id).values(callback_url=url))
+
+
+def test_submission_refuses_what_delivery_cannot_parse(make_env, receiver: str) -> None:
+    """A control character passed the old parser (urlsplit) and made every delivery raise;
+    it is refused at submission now, as is a host IDNA 2008 (httpx) refuses."""
+    from api.control.destinations import DestinationRefused, resolve
+
+    env = make_env(webhook_allow_hosts=("127.0.0.1",))
+    h = env.auth("tenant-wh6")
+    for url in (receiver + "\x01", receiver.replace("/hook", "/a\x7fb")):
+        resp = env.client.post("/v1/jobs", json={**JOB, "callback_url": url}, headers=h)
+        assert resp.status_code == 400, (url, resp.text)
+        assert resp.json()["error"]["code"] == "invalid_callback_url"
+
+    def public(host: str, port: int, **_: Any) -> list[Any]:
+        return [(2, 1, 6, "", ("93.184.216.34", port))]
+
+    for url in ("https://\u2603.net/x", "https://a\u200db.com/x"):
+        with pytest.raises(DestinationRefused, match="not a valid URL"):
+            resolve(url, allow_hosts=(), lookup=public)
+    dest = resolve("https://fa\u00df.de/x", allow_hosts=(), lookup=public)  # IDNA 2008: kept
+    assert dest.host == "xn--fa-hia.de"
+
+
+def test_a_delivery_that_raises_fails_alone(make_env, receiver: str, monkeypatch) -> None:
+    """A stored URL the delivery cannot parse, and a row whose delivery raises, are each
+    recorded as a failed attempt; the delivery claimed after them is still sent."""
+    from api.control import webhooks
+
+    env = make_env(webhook_allow_hosts=("127.0.0.1",), webhook_backoff=0.0)
+    h = env.auth("tenant-wh7")
+    bad_url = _ended_job(env, h, receiver)
+    _store_callback(env, bad_url, receiver + "\x01")
+    crashing = _ended_job(env, h, receiver)
+    good = _ended_job(env, h, receiver)
+    real_view = webhooks.job_view
+
+    def view(job: Any, **kw: Any) -> Any:
+        if job.id == crashing:
+            raise RuntimeError("boom")
+        return real_view(job, **kw)
+
+    monkeypatch.setattr(webhooks, "job_view", view)
+    stats = webhooks.deliver_due_webhooks(env.ctx)
+    assert stats["delivered"] >= 1
+    assert _webhook(env, h, good)["state"] == "delivered"
+    hook = _webhook(env, h, bad_url)
+    assert hook["state"] == "failed" and hook["last_error"].startswith("refused: ")
+    hook = _webhook(env, h, crashing)
+    assert hook == {"state": "pending", "attempts": 1, "last_error": "delivery error"}
+    assert len(_Receiver.received) == 1
+
+
+def test_a_late_claimer_cannot_record_over_the_lease_holder(make_env, receiver: str) -> None:
+    """Once a lease ran out and another claimer took the delivery, the first claimer's
+    write is refused: the row is the new holder's."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from worker.store.base import utcnow
+    from worker.store.crud.api_jobs import (
+        claim_due_webhooks,
+        record_webhook_attempt,
+        webhook_lease,
+    )
+    from worker.store.models import ApiJob
+
+    env = make_env(webhook_allow_hosts=("127.0.0.1",))
+    h = env.auth("tenant-wh8")
+    job_id = _ended_job(env, h, receiver)
+    first, second = webhook_lease(timedelta(seconds=60)), webhook_lease(timedelta(seconds=60))
+    assert first.holder != second.holder
+    with env.ctx.session_factory.begin() as s:
+        assert job_id in claim_due_webhooks(session=s, lease=first)
+    with env.ctx.session_factory.begin() as s:  # the first stalled past its lease
+        s.execute(update(ApiJob).where(ApiJob.job_id == job_id)
+                  .values(webhook_next_at=utcnow() - timedelta(seconds=1)))
+    with env.ctx.session_factory.begin() as s:
+        assert job_id in claim_due_webhooks(session=s, lease=second)
+    with env.ctx.session_factory.begin() as s:
+        assert not record_webhook_attempt(session=s, lease=first, job_id=job_id,
+                                          delivered=True)
+        assert first.renew(s, [job_id]) == set()
+    hook = _webhook(env, h, job_id)
+    assert hook == {"state": "pending", "attempts": 0, "last_error": None}
+    with env.ctx.session_factory.begin() as s:
+        assert record_webhook_attempt(session=s, lease=second, job_id=job_id, delivered=True)
+    assert _webhook(env, h, job_id)["state"] == "delivered"
+
+
+def test_a_long_delivery_run_renews_its_leases(make_env, receiver: str, monkeypatch) -> None:
+    """A run longer than one lease keeps what it claimed: a beat that starts meanwhile
+    claims none of it, and each delivery is sent once."""
+    from datetime import timedelta
+
+    from api.control import webhooks
+    from worker.store.crud.api_jobs import claim_due_webhooks, webhook_lease
+
+    env = make_env(webhook_allow_hosts=("127.0.0.1",), webhook_total_timeout=1.0)
+    monkeypatch.setattr(webhooks, "LEASE_MARGIN_S", 0.0)  # each lease lasts 1 s
+    h = env.auth("tenant-wh9")
+    ids = {_ended_job(env, h, receiver) for _ in range(6)}
+    stolen: set[str] = set()
+    sent: list[str] = []
+
+    def slow_post(dest: Any, body: bytes, headers: dict[str, str], *_: Any) -> None:
+        sent.append(headers["X-Inflight-Job-Id"])
+        time.sleep(0.25)
+        with env.ctx.session_factory.begin() as s:  # an overlapping beat
+            stolen.update(claim_due_webhooks(session=s, lease=webhook_lease(timedelta(seconds=60))))
+        return None
+
+    monkeypatch.setattr(webhooks, "_post", slow_post)
+    start = time.monotonic()
+    stats = webhooks.deliver_due_webhooks(env.ctx)
+    assert time.monotonic() - start > 1.2  # longer than one lease
+    assert not (stolen & ids)
+    assert ids <= set(sent) and len(sent) == len(set(sent))
+    assert stats["delivered"] >= 6
+    assert all(_webhook(env, h, j)["state"] == "delivered" for j in ids)

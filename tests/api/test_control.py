@@ -121,10 +121,10 @@ def test_webhook_retries_with_backoff(make_env, hook_server) -> None:
     _finish(env, job["id"])
     for attempt in range(2):  # the receiver answers 500 twice
         stats, low, high = _attempt(env, job["id"])
-        assert stats == {"delivered": 0, "retrying": 1, "failed": 0}
+        assert stats == {"delivered": 0, "retrying": 1, "failed": 0, "lost": 0}
         delay = timedelta(seconds=backoff * 2**attempt)
         assert low <= delay <= high + timedelta(seconds=0.01)
-        assert _attempt(env, job["id"])[0] == {"delivered": 0, "retrying": 0, "failed": 0}
+        assert _attempt(env, job["id"])[0] == {"delivered": 0, "retrying": 0, "failed": 0, "lost": 0}
         _make_due(env, job["id"])
     assert _attempt(env, job["id"])[0]["delivered"] == 1
     assert [r["attempt"] for r in _Hook.received] == ["1", "2", "3"]

@@ -1,13 +1,14 @@
-"""Data access for ``api_jobs``: idempotency keys and webhook delivery state."""
+"""Data access for ``api_jobs``: idempotency keys and webhook delivery state (claimed\nunder a :class:`~worker.store.crud.leases.Lease`)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from worker.store.base import utcnow
+from worker.store.crud.leases import Lease, LeaseColumns
 from worker.store.job_lifecycle import TERMINAL
 from worker.store.models import ApiJob, Job
 
@@ -47,13 +48,24 @@ def get_api_job(*, session: Session, job_id: str) -> ApiJob | None:
     return session.get(ApiJob, job_id)
 
 
+WEBHOOK_LEASE = LeaseColumns(
+    key=ApiJob.job_id, holder=ApiJob.webhook_holder, until=ApiJob.webhook_next_at
+)
+"""Where a webhook delivery's lease lives: the holder, and ``webhook_next_at`` as expiry."""
+
+
+def webhook_lease(ttl: timedelta) -> Lease:
+    """A new claimer's lease on webhook deliveries (its own holder id)."""
+    return Lease(columns=WEBHOOK_LEASE, ttl=ttl)
+
+
 def claim_due_webhooks(
-    *, session: Session, lease_until: datetime, now: datetime | None = None, limit: int = 100
+    *, session: Session, lease: Lease, now: datetime | None = None, limit: int = 100
 ) -> list[str]:
     """Claim the job ids whose webhook is pending, whose job has ended and whose next try
-    is due: rows locked by another claimer are skipped (``FOR UPDATE SKIP LOCKED``) and
-    the claimed ones are not due again before ``lease_until``, so no two claimers send
-    the same delivery. Call inside a transaction."""
+    is due (or whose last claimer's lease ran out): rows locked by another claimer are
+    skipped (``FOR UPDATE SKIP LOCKED``) and the claimed ones are ``lease``'s until it
+    expires, so no two claimers send the same delivery. Call inside a transaction."""
     now = now or utcnow()
     stmt = (
         select(ApiJob.job_id)
@@ -67,33 +79,31 @@ def claim_due_webhooks(
         .with_for_update(skip_locked=True, of=ApiJob)
     )
     ids = list(session.scalars(stmt))
-    if ids:
-        session.execute(
-            update(ApiJob).where(ApiJob.job_id.in_(ids)).values(webhook_next_at=lease_until)
-        )
+    lease.claim(session, ids)
     return ids
 
 
 def record_webhook_attempt(
     *,
     session: Session,
+    lease: Lease,
     job_id: str,
     delivered: bool,
     error: str | None = None,
     next_at: datetime | None = None,
     give_up: bool = False,
-) -> None:
-    """Count one delivery attempt: delivered, retried at ``next_at``, or failed for good."""
+) -> bool:
+    """Count one delivery attempt: delivered, retried at ``next_at``, or failed for good,
+    and release the lease. Written only while ``lease`` still holds the row: False (and
+    nothing written) when it ran out and another claimer took the delivery over."""
     state = "delivered" if delivered else ("failed" if give_up else "pending")
-    session.execute(
-        update(ApiJob)
-        .where(ApiJob.job_id == job_id)
-        .values(
-            webhook_state=state,
-            webhook_attempts=ApiJob.webhook_attempts + 1,
-            webhook_next_at=next_at,
-            webhook_error=error,
-        )
+    return lease.write(
+        session,
+        job_id,
+        webhook_state=state,
+        webhook_attempts=ApiJob.webhook_attempts + 1,
+        webhook_next_at=next_at,
+        webhook_error=error,
     )
 
 

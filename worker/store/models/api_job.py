@@ -26,6 +26,8 @@ class ApiJob(Base):
     webhook_attempts: Mapped[int] = mapped_column(Integer, default=0)
     webhook_next_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     webhook_error: Mapped[str | None] = mapped_column(Text)
+    # the claimer delivering it now; webhook_next_at is then its lease's expiry
+    webhook_holder: Mapped[str | None] = mapped_column(String(64))
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key"),
