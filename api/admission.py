@@ -5,21 +5,31 @@ from __future__ import annotations
 
 from api.context import Context
 from api.errors import ApiError
-from worker.queue.admission import QueueRefused, admit
+from worker.queue.admission import RETRY_AFTER_FULL_S, QueueRefused, admit
 
 
-def admit_or_refuse(ctx: Context, queue_class: str) -> None:
-    """Raise the 429/503 ApiError when ``queue_class`` cannot take a job now."""
+def admit_or_refuse(ctx: Context, queue_class: str, offered: int = 1) -> None:
+    """Raise the 429/503 ApiError when ``queue_class`` cannot take ``offered`` jobs now
+    (a batch offers its lines: it is refused when they would pass the queue's bound)."""
     try:
-        admit(
+        got = admit(
             redis_client=ctx.redis,
             keys=ctx.keys,
             queue_class=queue_class,
-            offered=1,
+            offered=offered,
             max_depth=ctx.settings.max_queue_depth,
         )
     except QueueRefused as exc:
         raise refusal(exc) from exc
+    if got.room < offered:
+        raise refusal(
+            QueueRefused(
+                f"the {queue_class} queue has room for {got.room} more entries, "
+                f"{offered} asked (bound {ctx.settings.max_queue_depth})",
+                full=True,
+                retry_after=RETRY_AFTER_FULL_S,
+            )
+        )
 
 
 def refusal(exc: QueueRefused) -> ApiError:

@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.errors import ApiError
 from worker.protocol.limits import prompt_token_upper_bound
 from worker.protocol.openai_batch import GenerationRequest
+from worker.protocol.openai_content import join_text_parts
 
 
 class BodyTooLarge(Exception):
@@ -117,11 +118,28 @@ def prompt_token_bound(req: GenerationRequest) -> int:
 
 
 def _text_of(content: Any) -> str:
+    """A message's prompt text: parsed messages hold it as a string already; a list of
+    text parts is joined as the prompt joins it (:func:`join_text_parts`)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        return join_text_parts(
+            [str(p.get("text", "")) for p in content if isinstance(p, dict)]
+        )
     return ""
+
+
+def cap_max_tokens(
+    req: GenerationRequest, *, max_tokens_limit: int, max_model_len: int | None
+) -> None:
+    """Give a request that names no ``max_tokens`` (chat; completions default to 16) the
+    API's cap, ``max_tokens_limit``, when the model's context is not configured here: the
+    worker would otherwise generate until the context is full. Written into the stored
+    body (what the worker parses) and the parsed params alike."""
+    if req.params.max_tokens is not None or max_model_len is not None:
+        return
+    req.body["max_tokens"] = max_tokens_limit
+    req.params.max_tokens = max_tokens_limit
 
 
 def check_request_limits(
@@ -133,7 +151,9 @@ def check_request_limits(
 ) -> None:
     """Refuse what the queued service cannot serve (ApiError 400): prompts and
     max_tokens beyond the configured bounds, and (when the served model's context
-    ``max_model_len`` is configured) a prompt bound plus max_tokens that cannot fit."""
+    ``max_model_len`` is configured) a prompt bound plus max_tokens that cannot fit.
+    A request it admits without ``max_tokens`` and without ``max_model_len`` gets
+    ``max_tokens_limit`` written into it (:func:`cap_max_tokens`)."""
     prompt_param = "messages" if req.is_chat else "prompt"
     bound = prompt_token_bound(req)
     exact = isinstance(req.prompt, list)
@@ -162,3 +182,4 @@ def check_request_limits(
             code="prompt_too_long",
             param=prompt_param,
         )
+    cap_max_tokens(req, max_tokens_limit=max_tokens_limit, max_model_len=max_model_len)

@@ -41,6 +41,7 @@ class Settings:
     max_prompt_tokens: int = 32_768  # estimated; token-id prompts are counted exactly
     max_tokens_limit: int = 8_192  # upper bound of max_tokens
     max_batch_lines: int = 50_000  # OpenAI's limit per batch
+    max_batch_line_bytes: int = 1 << 20  # one batch input line; a longer one fails alone
     db_pool_size: int = 10
     celery_eager: bool = True  # run control-plane tasks in-process (the embedded default)
     broker_url: str | None = None  # default: redis_url
@@ -84,6 +85,7 @@ class Settings:
             max_prompt_tokens=_env_int("INFLIGHT_MAX_PROMPT_TOKENS", 32_768),
             max_tokens_limit=_env_int("INFLIGHT_MAX_TOKENS_LIMIT", 8_192),
             max_batch_lines=_env_int("INFLIGHT_MAX_BATCH_LINES", 50_000),
+            max_batch_line_bytes=_env_int("INFLIGHT_MAX_BATCH_LINE_BYTES", 1 << 20),
             db_pool_size=_env_int("INFLIGHT_DB_POOL_SIZE", 10),
             celery_eager=_env_bool("INFLIGHT_CELERY_EAGER", True),
             broker_url=os.environ.get("CELERY_BROKER_URL") or None,

@@ -20,6 +20,7 @@ from sqlalchemy import select
 
 from api.context import Context
 from api.control.batch_ids import line_job_id
+from api.control.input_lines import capped_lines, count_lines
 from api.control.staging import append_errors
 from api.errors import ApiError
 from api.limits import check_request_limits
@@ -95,16 +96,24 @@ class _Reader:
 
     def read(self, path: str, start_after: int) -> None:
         """Read every line after ``start_after``; stop early when the batch failed, was
-        cancelled or another expansion took the lease over."""
+        cancelled or another expansion took the lease over. A file with more lines than
+        ``max_batch_lines`` fails before its first job is queued; a line longer than
+        ``max_batch_line_bytes`` is that line's error, never parsed."""
         settings = self.ctx.settings
+        if start_after == 0:
+            n = count_lines(path, stop_after=settings.max_batch_lines)
+            if n > settings.max_batch_lines:
+                _fail(self.ctx, self.batch_id, "too_many_lines",
+                      f"the file has more than {settings.max_batch_lines} lines")
+                return
         chunk = _Chunk()
         line_no = 0
         with open(path, "rb") as src:
-            for raw in src:
+            for raw, size in capped_lines(src, max_bytes=settings.max_batch_line_bytes):
                 line_no += 1
                 if line_no <= start_after:
                     continue
-                if not raw.strip():
+                if raw is not None and not raw.strip():
                     chunk.last_line = line_no
                     continue
                 if line_no > settings.max_batch_lines:
@@ -112,25 +121,48 @@ class _Reader:
                         self.ctx,
                         self.batch_id,
                         "too_many_lines",
-                        f"the file has more than {settings.max_batch_lines} requests",
+                        f"the file has more than {settings.max_batch_lines} lines",
                     )
                     return
-                _take_line(
-                    self.ctx,
-                    chunk,
-                    raw,
-                    line_no,
-                    batch_id=self.batch_id,
-                    endpoint=self.endpoint,
-                    tenant=self.tenant,
-                    seen_ids=self.seen_ids,
-                )
+                if raw is None:
+                    _line_too_long(chunk, self.batch_id, line_no, size,
+                                   settings.max_batch_line_bytes)
+                else:
+                    _take_line(
+                        self.ctx,
+                        chunk,
+                        raw,
+                        line_no,
+                        batch_id=self.batch_id,
+                        endpoint=self.endpoint,
+                        tenant=self.tenant,
+                        seen_ids=self.seen_ids,
+                    )
                 if len(chunk.jobs) + len(chunk.errors) >= settings.expand_chunk:
                     if not _commit_chunk(self.ctx, self.batch_id, chunk, owner=self.owner):
                         return
                     chunk = _Chunk()
         chunk.last_line = max(chunk.last_line, line_no)
         _commit_chunk(self.ctx, self.batch_id, chunk, owner=self.owner, final=True)
+
+
+def _line_too_long(chunk: _Chunk, batch_id: str, line_no: int, size: int, limit: int) -> None:
+    """The error line of an input line over the byte limit (its custom_id is unknown: the
+    line is not parsed)."""
+    chunk.last_line = line_no
+    chunk.errors.append(
+        (
+            line_no,
+            format_error_line(
+                custom_id=None,
+                request_id=line_job_id(batch_id, line_no),
+                message=f"line {line_no}: {size} bytes, over the limit of {limit} bytes "
+                "per line (INFLIGHT_MAX_BATCH_LINE_BYTES)",
+                code="line_too_long",
+                param=None,
+            ),
+        )
+    )
 
 
 def _take_line(
@@ -275,12 +307,16 @@ def _record_chunk(
 
 
 def _fail(ctx: Context, batch_id: str, code: str, message: str) -> None:
+    """Fail a batch that is still expandable (validating or in progress) and cancel its
+    queued jobs; a batch already ended, cancelling or finalizing keeps its status."""
     with ctx.session_factory.begin() as session:
-        batch = get_batch(session=session, batch_id=batch_id)
-        if batch is not None:
-            batch.errors = [_error(code, message)]
-            set_batch_status(session=session, batch_id=batch_id, status="failed")
-            cancel_queued_jobs(session=session, batch_id=batch_id)
+        batch = session.get(Batch, batch_id, with_for_update=True)
+        if batch is None or not set_batch_status(
+            session=session, batch_id=batch_id, status="failed", only_from=EXPANDABLE
+        ):
+            return
+        batch.errors = [_error(code, message)]
+        cancel_queued_jobs(session=session, batch_id=batch_id)
 
 
 def _error(code: str, message: str) -> dict[str, object]:

@@ -6,15 +6,17 @@ from datetime import timedelta
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
+from sqlalchemy.orm import Session
 
 from api.admission import admit_or_refuse
 from api.context import Context
 from api.control.celery_app import send
+from api.control.input_lines import count_lines
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, known_id, not_found
 from api.openapi_links import links_to
 from api.ownership import owned_batch
-from api.quotas import check_batch_quota
+from api.quotas import check_batch_quota, check_queued_jobs
 from api.schemas import BatchCreate, BatchObject
 from api.views import batch_view
 from worker.store.base import utcnow
@@ -49,6 +51,22 @@ def _live_view(ctx: Context, batch: Batch) -> tuple[dict[str, Any], bool]:
     return batch_view(batch, live), ready and batch.status != "validating"
 
 
+def _input_path(session: Session, tenant: str, file_id: str) -> str:
+    """The path of the tenant's batch input file ``file_id``; 404 when absent, 400 when
+    its purpose is not ``batch``."""
+    f = get_file(session=session, file_id=file_id, tenant=tenant)
+    if f is None:
+        raise not_found("file", file_id, param="input_file_id")
+    if f.purpose != "batch":
+        raise ApiError(
+            400,
+            f"file {f.id!r} has purpose {f.purpose!r}; a batch input needs purpose 'batch'",
+            code="invalid_value",
+            param="input_file_id",
+        )
+    return f.path
+
+
 @router.post(
     "",
     operation_id="createBatch",
@@ -59,26 +77,33 @@ def create(
     *, payload: BatchCreate, request: Request, ctx: CtxDep, tenant: TenantDep
 ) -> dict[str, Any]:
     """Create a batch from an uploaded JSONL file. Answers ``validating`` at once; its lines
-    become jobs in the background (resumed after a crash by the control plane's beat)."""
+    become jobs in the background (resumed after a crash by the control plane's beat).
+    Before anything is written the file's lines are counted (streamed, nothing kept): more
+    than ``max_batch_lines`` is a 400, and the lines count against the queue's bound and
+    the tenant's queued-jobs quota like as many job submissions (429 with Retry-After)."""
     admit_or_refuse(ctx, "batch")  # 429/503 before anything is written or counted
+    known_id("file", payload.input_file_id, param="input_file_id")
+    with ctx.session_factory() as session:
+        path = _input_path(session, tenant, payload.input_file_id)
+    lines = count_lines(path, stop_after=ctx.settings.max_batch_lines)
+    if lines > ctx.settings.max_batch_lines:
+        raise ApiError(
+            400,
+            f"the file has more than {ctx.settings.max_batch_lines} lines, the limit per "
+            "batch; split it into several batches",
+            code="too_many_lines",
+            param="input_file_id",
+        )
+    admit_or_refuse(ctx, "batch", offered=lines)
     with ctx.session_factory.begin() as session:
         check_batch_quota(ctx, session, tenant)  # 429, exact under the tenant's lock
-        known_id("file", payload.input_file_id, param="input_file_id")
-        f = get_file(session=session, file_id=payload.input_file_id, tenant=tenant)
-        if f is None:
-            raise not_found("file", payload.input_file_id, param="input_file_id")
-        if f.purpose != "batch":
-            raise ApiError(
-                400,
-                f"file {f.id!r} has purpose {f.purpose!r}; a batch input needs purpose 'batch'",
-                code="invalid_value",
-                param="input_file_id",
-            )
+        check_queued_jobs(ctx, session, tenant, adding=lines)
+        _input_path(session, tenant, payload.input_file_id)  # not deleted meanwhile
         batch = create_batch(
             session=session,
             tenant=tenant,
             endpoint=payload.endpoint,
-            input_file_id=f.id,
+            input_file_id=payload.input_file_id,
             completion_window=payload.completion_window,
             metadata=payload.metadata,
         )

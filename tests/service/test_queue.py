@@ -247,3 +247,42 @@ def test_consumer_name_lock_renews_only_for_its_holder(redis_client, keys) -> No
     assert renew_name(redis_client=redis_client, keys=keys, name=name, token=token, ttl_s=30)
     release_name(redis_client=redis_client, keys=keys, name=name, token=token)
     assert redis_client.get(lock) is None
+
+
+def test_the_dead_stream_keeps_its_newest_entries(session_factory, redis_client, keys,
+                                                  monkeypatch) -> None:
+    """INFLIGHT_DEAD_MAXLEN caps the dead-letter stream at every XADD: the oldest go."""
+    ensure_groups(redis_client=redis_client, keys=keys)
+    ids = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=_new(5))
+    got = read_new(redis_client=redis_client, keys=keys, consumer="c", count=5)
+    monkeypatch.setenv("INFLIGHT_DEAD_MAXLEN", "3")
+    for d in got:
+        dead_letter(redis_client=redis_client, session_factory=session_factory, keys=keys,
+                    deliveries=[d], reason="test")
+    assert [f["job_id"] for _, f in redis_client.xrange(keys.dead)] == ids[2:]
+    with session_factory() as s:  # the record stays in SQL
+        assert all(get_job(session=s, job_id=j).status == "failed" for j in ids)
+
+
+def test_cancel_markers_expire_one_by_one(redis_client, keys) -> None:
+    """Each cancel marker lives CANCEL_TTL_S: a new flag removes the old ones, even while
+    flags keep coming (the set's own TTL never ran out then); clearing removes both."""
+    from worker.queue.cancel import (
+        CANCEL_TTL_S,
+        cancelled_among,
+        clear_cancels,
+        flag_cancel,
+        flagged_at_key,
+    )
+
+    now = time.time()
+    flag_cancel(redis_client=redis_client, keys=keys, job_id="old", now=now - CANCEL_TTL_S - 10)
+    flag_cancel(redis_client=redis_client, keys=keys, job_id="recent", now=now - 60)
+    ids = ["old", "recent", "new"]
+    assert cancelled_among(redis_client=redis_client, keys=keys, job_ids=ids) == {"old", "recent"}
+    assert flag_cancel(redis_client=redis_client, keys=keys, job_id="new", now=now) == 1
+    assert cancelled_among(redis_client=redis_client, keys=keys, job_ids=ids) == {"recent", "new"}
+    assert redis_client.zcard(flagged_at_key(keys)) == 2
+    assert 0 < redis_client.ttl(keys.cancels) <= CANCEL_TTL_S
+    clear_cancels(redis_client=redis_client, keys=keys, job_ids=["recent", "new"])
+    assert redis_client.scard(keys.cancels) == 0 and redis_client.zcard(flagged_at_key(keys)) == 0

@@ -34,6 +34,7 @@ class InputLimits:
     max_stop_chars: int = 256  # characters per stop string
     max_stop_token_ids: int = 64
     max_messages: int = 1024
+    max_content_parts: int = 1024  # text parts of one message's content
     max_prompt_token_ids: int = 1 << 20
     max_metadata_keys: int = 16
     max_metadata_key_chars: int = 64

@@ -79,6 +79,10 @@ def _parse_message(i: int, message: object) -> dict[str, Any]:
 def _message_text(where: str, content: object) -> str:
     if isinstance(content, str):
         return content
+    if isinstance(content, list) and len(content) > LIMITS.max_content_parts:
+        raise RequestParseError(
+            f"{where}.content has {len(content)} parts; the limit is "
+            f"{LIMITS.max_content_parts}", param="messages")
     if isinstance(content, list) and content:
         texts = []
         for j, part in enumerate(content):
@@ -94,10 +98,17 @@ def _message_text(where: str, content: object) -> str:
                     f"{where}.content[{j}] must be {{\"type\": \"text\", \"text\": <string>}}",
                     param="messages")
             texts.append(part["text"])
-        return "\n".join(texts)
+        return join_text_parts(texts)
     raise RequestParseError(
         f"{where}.content must be a string or a non-empty list of text parts, got "
         f"{json_type(content)}", param="messages")
+
+
+def join_text_parts(texts: list[str]) -> str:
+    """The prompt text of a message given as text parts: the parts joined by newlines.
+    The one definition: the prompt the worker templates and the API's token estimate
+    (``api.limits``) both take it from here, so an estimate cannot miss a separator."""
+    return "\n".join(texts)
 
 
 def is_int(value: object) -> bool:

@@ -1,0 +1,55 @@
+"""Reading a batch input file line by line with bounded memory: a count of its lines
+(before anything is expanded) and the lines themselves, each cut at a byte limit.
+
+Lines are numbered as the expansion numbers them: every ``\\n`` ends one, a last line
+without one counts too, and blank lines count (they are skipped, not renumbered)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import BinaryIO
+
+_BLOCK = 1 << 20
+
+
+def count_lines(path: str, *, stop_after: int | None = None) -> int:
+    """How many lines of the file a batch's line limit sees: the number of its last
+    non-blank line (blank lines before a request count, trailing ones do not). Counts
+    ``\n`` in 1 MiB blocks, keeping nothing, which is the answer or an upper bound of it;
+    only a file whose raw count passes ``stop_after`` is read again line by line, so the
+    answer is exact whenever it is above ``stop_after``."""
+    n = 0
+    last = b"\n"
+    with open(path, "rb") as src:
+        while block := src.read(_BLOCK):
+            n += block.count(b"\n")
+            last = block[-1:]
+    total = n if last == b"\n" else n + 1
+    if stop_after is None or total <= stop_after:
+        return total
+    last_request = 0
+    with open(path, "rb") as src:
+        for line_no, (raw, _) in enumerate(capped_lines(src, max_bytes=_BLOCK), start=1):
+            if raw is None or raw.strip():
+                last_request = line_no
+    return last_request
+
+
+def capped_lines(src: BinaryIO, *, max_bytes: int) -> Iterator[tuple[bytes | None, int]]:
+    """Each line of ``src`` (with its newline) and its size in bytes; a line longer than
+    ``max_bytes`` is yielded as None and never held in memory whole (it is read through
+    in blocks of at most ``max_bytes``)."""
+    while True:
+        line = src.readline(max_bytes + 1)
+        if not line:
+            return
+        if len(line) <= max_bytes or (line.endswith(b"\n") and len(line) == max_bytes + 1):
+            yield line, len(line)
+            continue
+        size = len(line)
+        while not line.endswith(b"\n"):
+            line = src.readline(max_bytes + 1)
+            if not line:
+                break
+            size += len(line)
+        yield None, size
