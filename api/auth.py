@@ -57,7 +57,8 @@ def _bearer(request: Request) -> str:
 
 def current_tenant(request: Request) -> str:
     """FastAPI dependency: the tenant of the request's API key (401 otherwise; 403 for a
-    read-only key on anything but a read)."""
+    read-only key on anything but a read). Sets ``request.state.tenant`` and
+    ``request.state.read_only``."""
     key = _bearer(request)
     ctx = request.app.state.ctx
     cache: KeyCache = request.app.state.key_cache
@@ -71,15 +72,29 @@ def current_tenant(request: Request) -> str:
         cache.put(digest, principal)
     tenant, read_only = principal
     if read_only and request.method not in READ_METHODS:
-        raise ApiError(
-            403,
-            "this API key is read-only; use a key created without --read-only to "
-            f"{request.method} here",
-            code="permission_denied",
-            type="permission_error",
-        )
+        raise _read_only_refused(f"{request.method} here")
     request.state.tenant = tenant
+    request.state.read_only = read_only
     return tenant
+
+
+def writing_tenant(request: Request) -> str:
+    """FastAPI dependency for a read that hands out what only a writer may hold (the
+    webhook signing secret, with which deliveries can be forged): the tenant of a key that
+    can write; 403 for a read-only key whatever the method."""
+    tenant = current_tenant(request)
+    if request.state.read_only:
+        raise _read_only_refused(f"{request.method} {request.url.path}")
+    return tenant
+
+
+def _read_only_refused(what: str) -> ApiError:
+    return ApiError(
+        403,
+        f"this API key is read-only; use a key created without --read-only to {what}",
+        code="permission_denied",
+        type="permission_error",
+    )
 
 
 def require_operator(request: Request) -> None:

@@ -21,6 +21,12 @@ def _tenant(request: Request) -> str:
     return current_tenant(request)
 
 
+def _writer(request: Request) -> str:
+    from api.auth import writing_tenant
+
+    return writing_tenant(request)
+
+
 def _operator(request: Request) -> None:
     from api.auth import require_operator
 
@@ -32,6 +38,10 @@ CtxDep = Annotated[Context, Depends(get_ctx)]
 
 TenantDep = Annotated[str, Depends(_tenant)]
 """The authenticated tenant, as an endpoint parameter type."""
+
+WriterDep = Annotated[str, Depends(_writer)]
+"""The authenticated tenant of a key that can write (403 for a read-only key, even on a
+GET), as an endpoint parameter type."""
 
 OperatorDep = Annotated[None, Depends(_operator)]
 """Requires the operator key (``/metrics``, ``/v1/workers``)."""

@@ -99,6 +99,14 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def _limit_error(exc: RequestValidationError) -> LimitError | None:
+    """The LimitError a body's validator raised (``api.schemas.StoredBody``), if that is
+    what failed: answered with its own message, code and param."""
+    errors: list[Any] = list(exc.errors())
+    cause = (errors[0].get("ctx") or {}).get("error") if errors else None
+    return cause if isinstance(cause, LimitError) else None
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors: list[Any] = list(exc.errors())
     if not errors:
@@ -143,6 +151,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        limit = _limit_error(exc)
+        if limit is not None:
+            return error_response(400, str(limit), code=limit.code, param=limit.param)
         message, param = _validation_message(exc)
         return error_response(400, message, code="invalid_request", param=param)
 

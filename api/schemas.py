@@ -4,10 +4,27 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from worker.protocol.limits import check_json_value
 
 
-class JobCreate(BaseModel):
+class StoredBody(BaseModel):
+    """A request body the API stores. Before any field is validated, every top-level value
+    passes the check every stored JSON value passes (``check_json_value``: finite numbers,
+    strings UTF-8 can encode, bounded nesting), so what PostgreSQL would refuse (``1e400``,
+    a lone surrogate) is a 400 naming its field (``LimitError``: see ``api.errors``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, value in data.items():
+                check_json_value(value, param=str(name))
+        return data
+
+
+class JobCreate(StoredBody):
     """An OpenAI chat-completions or completions body (``messages`` or ``prompt`` and the
     sampling fields, at the top level) plus the job fields below."""
 
@@ -45,7 +62,7 @@ class JobCreate(BaseModel):
     queue_class: Literal["interactive", "batch"] = "interactive"
 
 
-class BatchCreate(BaseModel):
+class BatchCreate(StoredBody):
     """The OpenAI ``POST /v1/batches`` body."""
 
     model_config = ConfigDict(extra="forbid")

@@ -396,3 +396,16 @@ def test_protocol_never_imports_torch():
             "('torch', 'transformers', 'numpy') or m.startswith('worker.engine')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(("text", "param"), [
+    ('{"prompt": "x", "response_format": {"type": "json_schema", "json_schema": '
+     '{"name": "r", "description": 1e400, "schema": {"type": "object"}}}}', "response_format"),
+    ('{"prompt": "x", "guided_choice": ["a", -1e999]}', "guided_choice"),
+    ('{"prompt": "x", "metadata": {"k": "\\ud800"}}', "metadata"),
+])  # fmt: skip
+def test_every_stored_value_is_finite_and_encodable(text: str, param: str) -> None:
+    """The one check every body passes: a number that overflows to infinity or a lone
+    surrogate, wherever it sits, is that line's error naming the top-level field."""
+    err = refuse(text)
+    assert err.param == param and err.code in ("invalid_value", "invalid_encoding"), err

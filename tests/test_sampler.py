@@ -560,3 +560,72 @@ def test_top_p_stops_as_soon_as_the_mass_reaches_p(num_candidates: int | None) -
     assert (~remove[0]).nonzero().flatten().tolist() == [1, 2]
     counts = draw(sampler(10), logits, lambda: Row.of(temperature=1.0, top_p=0.5), 400)
     assert set(counts) == {1, 2}
+
+
+# ------------------------------------------------- issue 26: edges that broke later
+
+
+@pytest.mark.parametrize("num_candidates", [None, 2])
+def test_a_top_p_that_is_zero_in_float32_keeps_the_best_token(num_candidates: int | None) -> None:
+    """top_p=1e-300 is accepted ((0, 1]) but is 0 in float32: the nucleus still keeps the
+    most likely token (ties: the lowest id), never nothing."""
+    logits = torch.tensor([
+        [0.5, 2.0, -1.0, 2.0, 0.0, 1.0, -3.0, 0.2],
+        [3.0, 0.0, 1.0, 2.0, -1.0, 0.5, 0.1, 2.9],
+    ])
+    remove = rank_filter_mask(logits, [0, 3], [1e-300, 1e-300], num_candidates=num_candidates)
+    assert [(~row).nonzero().flatten().tolist() for row in remove] == [[1], [0]]
+
+
+def test_a_vanishing_top_p_samples_the_greedy_token(rank_path: str) -> None:
+    logits = logits_of([0.1, 0.3, -0.2, 0.4, 0.0, 0.9, 0.2, -1.0])  # token 5 is the best
+    counts = draw(sampler(3), logits, lambda: Row.of(temperature=1.5, top_p=1e-300), 200)
+    assert counts == Counter({5: 200})
+
+
+def test_logprobs_are_finite_where_a_token_is_masked() -> None:
+    """The min_tokens ban puts EOS at -inf: its logprob reads -9999.0 (OpenAI's), not -inf,
+    which JSON cannot carry."""
+    logits = logits_of([0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 3.0])
+    out = sampler(8).sample(logits, [Row.of(temperature=1.0, min_tokens=2, logprobs=VOCAB)])
+    lp = out.logprobs[0]
+    assert lp is not None and lp.top[EOS] == -9999.0
+    assert all(math.isfinite(v) for v in [lp.logprob, *lp.top.values()])
+
+
+def test_a_grammar_mask_decides_the_token_but_not_the_logprobs() -> None:
+    """``constrain`` (structured output's mask) removes tokens from the draw; logprobs are
+    the distribution before it, and the caller's logits are left as they were."""
+    raw = [1.0, 0.2, -0.5, 0.8, 0.0, -1.0, 0.4, -2.0]
+    logits = logits_of(raw, raw)
+    before = logits.clone()
+
+    def only_2_and_4(x: torch.Tensor) -> None:
+        keep = torch.zeros(VOCAB, dtype=torch.bool)
+        keep[[2, 4]] = True
+        x[:, ~keep] = -math.inf
+
+    rows = [Row.of(temperature=0.0, logprobs=3), Row.of(temperature=1.0, seed=1, logprobs=3)]
+    out = sampler(2).sample(logits, rows, constrain=only_2_and_4)
+    want = torch.log_softmax(torch.tensor(raw), dim=-1)
+    assert out.token_ids[0] == 4 and out.token_ids[1] in (2, 4)
+    for lp, token in zip(out.logprobs, out.token_ids, strict=True):
+        assert lp is not None and lp.logprob == pytest.approx(want[token].item(), abs=1e-6)
+        assert list(lp.top) == [0, 3, 6]  # the model's best, though the grammar forbids them
+    assert torch.equal(logits, before)
+
+
+def test_llm_with_a_vanishing_top_p_generates_the_greedy_tokens() -> None:
+    """In-process on the tiny model: top_p=1e-300 at temperature 1 gives the greedy
+    output, not a stream of token 0."""
+    from worker.engine import LLM
+
+    llm = LLM("tiny-llama", num_kv_blocks=64, attention_backend="torch")
+    prompts = ["the quick brown fox", "hello there"]
+    greedy = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+                          use_tqdm=False)
+    tiny = llm.generate(prompts, SamplingParams(temperature=1.0, top_p=1e-300, seed=4,
+                                                max_tokens=8, ignore_eos=True), use_tqdm=False)
+    for g, t in zip(greedy, tiny, strict=True):
+        assert g.token_ids != [0] * 8  # else the check below would prove nothing
+        assert t.token_ids == g.token_ids

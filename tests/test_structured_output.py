@@ -5,6 +5,7 @@ with constrained and free rows in one batch."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -116,3 +117,42 @@ def test_a_grammar_the_library_cannot_compile_is_refused_alone(engine: LLMEngine
         engine.add_request("bad", [1, 2], SamplingParams(structured={"type": "regex", "pattern": "(a"}))
     assert err.value.param == "guided_regex" and "cannot compile" in str(err.value)
     assert not engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("structured", [
+    {"type": "choice", "choices": ["yes", "no", "maybe"]},
+    {"type": "regex", "pattern": "[0-9]{3}-[a-z]{2}"},
+    {"type": "json_schema", "schema": SCHEMA},
+], ids=["choice", "regex", "json_schema"])  # fmt: skip
+def test_logprobs_under_a_grammar_are_the_models_own_finite_scores(
+    engine: LLMEngine, structured: dict
+) -> None:
+    """Logprobs describe the model before the grammar mask, as vLLM reports them: every
+    value is finite (the masked tokens are -inf only in what is drawn), and each position's
+    chosen-token and top-5 scores equal the free model's at the same context, read back as
+    the prompt logprobs of prompt + output."""
+    prompt = engine.tokenize(prompt="hello there")
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=12, logprobs=5,
+                            structured=structured)
+    engine.add_request("constrained", prompt, params)
+    out = _drain(engine)["constrained"]
+    assert out.logprobs is not None and len(out.logprobs) == len(out.token_ids) > 0
+    engine.add_request("free", prompt + out.token_ids,
+                       SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=5))
+    free = _drain(engine)["free"].prompt_logprobs
+    assert free is not None
+    for i, lp in enumerate(out.logprobs):
+        assert all(math.isfinite(v) for v in [lp.logprob, *lp.top.values()]), (i, lp)
+        ref = free[len(prompt) + i]
+        assert ref is not None and ref.token_id == lp.token_id == out.token_ids[i]
+        assert lp.logprob == pytest.approx(ref.logprob, abs=1e-3), i
+        assert len(lp.top) == 5
+        assert sorted(lp.top.values()) == pytest.approx(sorted(ref.top.values()), abs=1e-3), i
+
+
+def _drain(engine: LLMEngine) -> dict:
+    done = {}
+    while engine.has_unfinished_requests():
+        outputs, _ = engine.step()
+        done.update({o.request_id: o for o in outputs if o.finished})
+    return done

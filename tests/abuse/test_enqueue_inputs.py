@@ -19,6 +19,8 @@ RAW = [
     b'{"prompt": "\xff\xfe"}',
     b"[" * 50_000 + b"]" * 50_000,
     b'{"prompt": "x", "top_p": -Infinity}',
+    b'{"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "r", '
+    b'"description": 1e400, "schema": {"type": "object"}}}}',
     b'{"custom_id": "a\\u0000b", "prompt": "x"}',
     b"not json at all",
 ]

@@ -69,7 +69,7 @@ REST_ONLY = [
     ("priority-too-high", {**OK, "priority": 1001}, 400, "invalid_request", "priority"),
     ("custom_id-control-char", {**OK, "custom_id": "a\x07b"}, 400, "invalid_value", "custom_id"),
     ("custom_id-too-long", {**OK, "custom_id": "c" * 513}, 400, "invalid_request", "custom_id"),
-    ("custom_id-surrogate", {**OK, "custom_id": "\ud800"}, 400, "invalid_request", "custom_id"),
+    ("custom_id-surrogate", {**OK, "custom_id": "\ud800"}, 400, "invalid_encoding", "custom_id"),
     ("idempotency_key-newline", {**OK, "idempotency_key": "k\n"}, 400, "invalid_value",
      "idempotency_key"),
     ("queue_class-unknown", {**OK, "queue_class": "vip"}, 400, "invalid_request", "queue_class"),
@@ -111,8 +111,10 @@ def test_bad_job_field_is_refused(
 
 
 RAW = [
-    ("nan-literal", b'{"prompt": "x", "temperature": NaN}', 400, "invalid_request", "temperature"),
-    ("infinity-literal", b'{"prompt": "x", "top_p": Infinity}', 400, "invalid_request", "top_p"),
+    ("nan-literal", b'{"prompt": "x", "temperature": NaN}', 400, "invalid_value", "temperature"),
+    ("infinity-literal", b'{"prompt": "x", "top_p": Infinity}', 400, "invalid_value", "top_p"),
+    ("overflowing-literal", b'{"prompt": "x", "metadata": {"k": 1e400}}', 400, "invalid_value",
+     "metadata"),
     ("invalid-utf8", b'{"prompt": "\xff\xfe"}', 400, "invalid_request", None),
     ("deep-array", b'{"prompt": "x", "user": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400,
      "invalid_request", None),

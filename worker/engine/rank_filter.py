@@ -68,8 +68,9 @@ def _kept_ranks(
         norm = torch.where(k < vocab, norm, lse)  # without top-k, mass spreads past the candidates
     probs = torch.exp(vals - norm.unsqueeze(1)).masked_fill(~in_k, 0.0)  # [F, C]
     mass_before = probs.cumsum(dim=-1) - probs  # [F, C]: mass of the better-ranked tokens
-    # A token stays while the mass before it is still short of top_p.
-    in_p = (mass_before < p.unsqueeze(1)) | (p >= 1.0).unsqueeze(1)  # [F, C]
+    # A token stays while the mass before it is still short of top_p; the best token always
+    # stays (vLLM, HF), also for a top_p so small that it is 0 in float32 (1e-300).
+    in_p = (mass_before < p.unsqueeze(1)) | (p >= 1.0).unsqueeze(1) | (ranks == 0)  # [F, C]
     return (in_k & in_p).sum(dim=-1)  # [F]: both are prefixes of the ranking
 
 

@@ -13,6 +13,7 @@ from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
 from worker.engine.step_plan import Appended, SampledTokens, ScheduledSequence, SchedulerOutput
 from worker.engine.stopping import StopChecker
+from worker.engine.structured import grammar_masks
 
 
 @dataclass
@@ -116,7 +117,8 @@ class RequestTracker:
             group.members.append(child)
             children.append(child)
         batch = logits_row.unsqueeze(0).repeat(len(children), 1)  # [n - 1, vocab]
-        drawn = sampler.sample(batch, children)
+        constrained = [(i, c.grammar) for i, c in enumerate(children) if c.grammar is not None]
+        drawn = sampler.sample(batch, children, constrain=grammar_masks(constrained))
         return [SampledTokens(c, [(t, lp)]) for c, t, lp in zip(children, drawn.token_ids, drawn.logprobs, strict=True)]
 
     def check_stop(self, seq: Sequence) -> bool:

@@ -23,13 +23,20 @@ usable (a NaN, +inf, or every token at -inf), before or after the temperature, g
 token: its entry in ``SamplerOutput.errors`` says why, and the other rows are sampled as
 usual (the engine fails that request alone).
 
+A structured-output grammar's mask (``constrain``, set to -inf what the grammar forbids
+next) applies after 1-2 and decides which tokens can be drawn; it is not part of the
+logprobs.
+
 Logprobs are ``log_softmax`` of the logits after 1-2 (penalties and the min_tokens mask)
-and before temperature, top-k, top-p and min-p.
+and before the grammar mask, temperature, top-k, top-p and min-p: the model's own
+distribution, as vLLM reports it under a grammar. Every value is finite: one that is
+-inf (a token the min_tokens mask removes) or NaN is reported as ``LOGPROB_FLOOR``
+(-9999.0, OpenAI's stand-in for an impossible token), so results are valid JSON.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +46,7 @@ from worker.engine.logit_adjust import apply_penalties_and_masks
 from worker.engine.outputs import TokenLogprob
 from worker.engine.rank_filter import NUM_CANDIDATES, rank_filter_mask
 from worker.engine.sampling_input import SamplingInput
+from worker.protocol.openai_output import LOGPROB_FLOOR
 from worker.protocol.sampling_params import SamplingParams
 
 # Below this temperature a row is sampled greedily (dividing by it would overflow).
@@ -100,17 +108,29 @@ class Sampler:
 
     # ------------------------------------------------------------------ public
 
-    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingInput]) -> SamplerOutput:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingInput],
+        *,
+        constrain: Callable[[torch.Tensor], None] | None = None,
+    ) -> SamplerOutput:
         """Sample one token per row.
 
         ``logits`` is ``[num_rows, vocab]`` (float32; other float dtypes are upcast), row
-        ``i`` belonging to ``rows[i]``. The input tensor is never modified. Raises
-        ValueError on a bad shape, dtype or device.
+        ``i`` belonging to ``rows[i]``. The input tensor is never modified. ``constrain``
+        (structured output) sets to -inf, in place, the tokens each row's grammar forbids;
+        it is given a copy of the logits after the penalties, and the logprobs are taken
+        before it. Raises ValueError on a bad shape, dtype or device.
         """
         self._check_inputs(logits, rows)
         logits = logits.float()  # [R, V]; no copy when already float32
         errors = self._bias_errors(rows, logits.shape[1])
         logits = apply_penalties_and_masks(logits, rows, self.eos_token_ids)  # a copy if anything changed
+        scored = logits  # [R, V]: what the logprobs describe (the grammar mask is not in it)
+        if constrain is not None:
+            logits = logits.clone()  # [R, V]
+            constrain(logits)
         row_argmax, bad = argmax_and_unusable(logits)  # [R]: a greedy row's token; [R] bool
         if bool(bad.any()) or any(errors):
             logits = logits.clone()  # never write into the caller's tensor
@@ -135,7 +155,7 @@ class Sampler:
 
         return SamplerOutput(
             token_ids=tokens.tolist(),
-            logprobs=self._logprobs(logits, rows, tokens),
+            logprobs=self._logprobs(scored, rows, tokens),
             errors=errors,
         )
 
@@ -240,13 +260,18 @@ class Sampler:
     def _logprobs(
         self, logits: torch.Tensor, rows: Sequence[SamplingInput], tokens: torch.Tensor
     ) -> list[TokenLogprob | None]:
-        """Logprob of each chosen token and the top-n, for rows with params.logprobs set."""
+        """Logprob of each chosen token and the top-n, for rows with params.logprobs set;
+        ``logits`` ``[R, V]`` are the scores before the grammar mask. Non-finite values
+        become ``LOGPROB_FLOOR``."""
         result: list[TokenLogprob | None] = [None] * len(rows)
         wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
         if not wanted:
             return result
         w_idx = self._index(wanted, logits.device)  # [W]
         logprobs = torch.log_softmax(logits[w_idx], dim=-1)  # [W, V]
+        logprobs = logprobs.nan_to_num(nan=LOGPROB_FLOOR, neginf=LOGPROB_FLOOR).clamp_min(
+            LOGPROB_FLOOR
+        )  # [W, V]: finite (a masked token is -inf; a failed row's are NaN)
         chosen_t = tokens[w_idx]  # [W]
         chosen_lp = logprobs.gather(1, chosen_t.unsqueeze(1)).squeeze(1)  # [W]
         top_n = min(max(rows[i].params.logprobs or 0 for i in wanted), logprobs.shape[1])

@@ -1,6 +1,7 @@
 """Turn a step's logits into the tokens each sequence appends: the sampler draws one
 token per plain row, the draft verifier checks the rows of sequences with drafts, and
-requests with n > 1 fork their other samples from the leader's first row."""
+requests with n > 1 fork their other samples from the leader's first row. Grammar masks
+are the sampler's ``constrain``: they decide what is drawn, never the logprobs."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from worker.engine.sampler import Sampler
 from worker.engine.sequence import Sequence
 from worker.engine.speculation import verify_drafts
 from worker.engine.step_plan import SampledTokens, ScheduledSequence, SchedulerOutput
-from worker.engine.structured import apply_masks
+from worker.engine.structured import grammar_masks
 
-# Called with each plainly sampled sequence and its logits row ``[vocab]``: the samples
-# it forks (empty for all but the first token of an n > 1 request).
+# Called with each plainly sampled sequence and its logits row ``[vocab]`` (no grammar
+# mask in it: each forked sample applies its own grammar's): the samples it forks (empty for all but the first token of an n > 1 request).
 Forker = Callable[[ScheduledSequence, torch.Tensor], list[SampledTokens]]
 
 
@@ -36,8 +37,8 @@ def sample_step(
         plain_logits = logits if len(rows) == logits.shape[0] else logits[rows]  # [num_plain, vocab]
         constrained = [(i, s.seq.grammar) for i, (s, _) in enumerate(plain)
                        if s.seq.grammar is not None]
-        apply_masks(plain_logits, constrained)
-        drawn = sampler.sample(plain_logits, [s.seq for s, _ in plain])
+        drawn = sampler.sample(plain_logits, [s.seq for s, _ in plain],
+                               constrain=grammar_masks(constrained))
         for i, (s, _) in enumerate(plain):
             error = drawn.errors[i] if drawn.errors else None
             if error:

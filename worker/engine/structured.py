@@ -4,8 +4,9 @@ token masks applied to the constrained rows of a step's logits.
 xgrammar is what vLLM and SGLang use: it compiles a JSON schema, a regular expression or a
 choice list into a grammar over the tokenizer's vocabulary, and a matcher per sequence
 fills a bitmask of the tokens that keep the output valid. Masks are filled only for the
-constrained rows of a step and applied to those rows of the batched logits in place;
-free rows are not touched. Compiled grammars are cached by their normalized spec. The
+constrained rows of a step and applied by the sampler to those rows of its copy of the
+batched logits (its logprobs come from the logits before the mask: they describe the
+model, not the grammar); free rows are not touched. Compiled grammars are cached by their normalized spec. The
 library is imported on the first constrained request, so an engine that never sees one
 never loads it.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -104,6 +105,14 @@ def _refused(spec: dict[str, Any], exc: Exception) -> InvalidRequestError:
     reason = _LIBRARY_PREFIX.sub("", reason)  # "[hh:mm:ss] source.cc:94: " of its log lines
     return InvalidRequestError(
         f"{param}: the grammar library cannot compile it: {reason}", param=param)
+
+
+def grammar_masks(rows: list[tuple[int, Grammar]]) -> Callable[[torch.Tensor], None] | None:
+    """The sampler's ``constrain`` for the constrained ``(row, grammar)`` of a batch: it
+    applies :func:`apply_masks` to the logits it is given; None when no row is constrained."""
+    if not rows:
+        return None
+    return functools.partial(apply_masks, rows=rows)
 
 
 def apply_masks(logits: torch.Tensor, rows: list[tuple[int, Grammar]]) -> None:

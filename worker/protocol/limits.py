@@ -12,6 +12,7 @@ thousand in magnitude, so dividing them by ``repetition_penalty_min`` or adding
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -109,14 +110,21 @@ def check_text(value: str, *, param: str) -> None:
 
 
 def check_json_value(value: Any, *, param: str) -> None:
-    """Walk a parsed JSON value: nesting at most ``max_json_depth``, every string and
-    object key valid UTF-8 without NUL (see :func:`check_text`). Iterative, so a deep
-    value cannot exhaust the stack."""
+    """The check every stored JSON value passes (request bodies, batch lines, ``inflight
+    enqueue`` lines, metadata): walk a parsed JSON value and refuse, naming ``param``, what
+    the store cannot keep or give back as JSON: a number that is not finite (``1e400``
+    parses to infinity, some parsers accept ``NaN``; PostgreSQL refuses both), a string or
+    object key that UTF-8 cannot encode or that holds NUL (see :func:`check_text`), and
+    nesting deeper than ``max_json_depth``. Iterative, so a deep value cannot exhaust the
+    stack."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, str):
             check_text(item, param=param)
+            continue
+        if isinstance(item, float):
+            check_finite(item, param=param)
             continue
         if not isinstance(item, dict | list):
             continue
@@ -135,9 +143,20 @@ def check_json_value(value: Any, *, param: str) -> None:
             stack.extend((child, depth + 1) for child in item)
 
 
+def check_finite(value: float, *, param: str) -> None:
+    """Refuse a number JSON cannot carry: infinite (``1e400`` overflows a double) or NaN."""
+    if not math.isfinite(value):
+        raise LimitError(
+            f"{param} holds the number {value!r}: numbers must be finite (a literal such as "
+            "1e400 overflows to infinity)",
+            param=param,
+        )
+
+
 def check_metadata(value: object, *, param: str = "metadata") -> dict[str, str] | None:
-    """Validate OpenAI-style metadata: at most 16 string keys of at most 64 characters,
-    string values of at most 512; returns it (None stays None)."""
+    """Validate OpenAI-style metadata (a job's): at most 16 string keys of at most 64
+    characters, string values of at most 512, and what every stored JSON value passes
+    (:func:`check_json_value`); returns it (None stays None)."""
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -159,8 +178,7 @@ def check_metadata(value: object, *, param: str = "metadata") -> dict[str, str] 
                 f"{LIMITS.max_metadata_value_chars} characters",
                 param=param,
             )
-        check_text(key, param=param)
-        check_text(item, param=param)
+    check_json_value(value, param=param)
     return dict(value)
 
 

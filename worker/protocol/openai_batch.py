@@ -16,7 +16,6 @@ which line, which request and which field, and what to do instead.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -184,7 +183,7 @@ def parse_request_body(body: dict[str, Any], *, endpoint: str) -> GenerationRequ
                                 param="body")
     _check_fields(body, endpoint)
     with _as_parse_error():
-        for name, value in body.items():
+        for name, value in body.items():  # non-finite numbers, lone surrogates, depth
             check_json_value(value, param=name)
         check_metadata(body.get("metadata"))
         check_short_string(body.get("user"), param="user", limit=LIMITS.max_user_chars)
@@ -289,11 +288,6 @@ def _check_scalar_types(body: dict[str, Any]) -> None:
         value = body.get(name)
         if value is not None and not isinstance(value, bool):
             raise RequestParseError(f"{name} must be true or false, got {value!r}", param=name)
-    for name in _SAMPLING_FIELDS:
-        value = body.get(name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise RequestParseError(f"{name} must be a finite number, got {value!r}",
-                                    param=name)
     stop = body.get("stop")
     if stop is not None and not isinstance(stop, str) and not (
             isinstance(stop, list) and all(isinstance(s, str) for s in stop)):

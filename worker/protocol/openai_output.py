@@ -6,9 +6,21 @@ Use through :mod:`worker.protocol.openai_batch`, which re-exports everything her
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+LOGPROB_FLOOR = -9999.0
+"""The logprob reported for a token of probability 0 (-inf) or an unusable score (NaN):
+JSON has no -inf or NaN (PostgreSQL refuses them), and OpenAI reports -9999.0 for such
+tokens."""
+
+
+def finite_logprob(value: float) -> float:
+    """``value`` itself when finite, else ``LOGPROB_FLOOR`` (-inf, NaN; +inf cannot be a
+    log-probability either), so every stored or returned logprob is valid JSON."""
+    return float(value) if math.isfinite(value) else LOGPROB_FLOOR
 
 
 @dataclass
@@ -48,7 +60,8 @@ class Sample:
 def samples_of(out: Any, tokenizer: Any) -> list[Sample]:
     """Every sample of a finished engine output (``RequestOutput``: its ``samples`` when
     n > 1, else itself), naming logprob tokens with ``tokenizer.decode`` (needed only when
-    the output carries logprobs; None otherwise)."""
+    the output carries logprobs; None otherwise). Every logprob comes out finite
+    (:func:`finite_logprob`)."""
 
     def logprobs(entries: list[Any] | None) -> list[LogprobInfo] | None:
         if entries is None:
@@ -56,8 +69,9 @@ def samples_of(out: Any, tokenizer: Any) -> list[Sample]:
         if tokenizer is None:
             raise ValueError("logprobs need a tokenizer to name their tokens")
         decode = tokenizer.decode
-        return [LogprobInfo(token=decode([lp.token_id]), logprob=lp.logprob,
-                            top=[(decode([t]), v) for t, v in lp.top.items()]) for lp in entries]
+        return [LogprobInfo(token=decode([lp.token_id]), logprob=finite_logprob(lp.logprob),
+                            top=[(decode([t]), finite_logprob(v)) for t, v in lp.top.items()])
+                for lp in entries]
 
     def prompt_scores(entries: list[Any] | None) -> list[dict[str, dict[str, Any]] | None] | None:
         if entries is None:
@@ -67,10 +81,11 @@ def samples_of(out: Any, tokenizer: Any) -> list[Sample]:
         decode = tokenizer.decode
 
         def scored(lp: Any) -> dict[str, dict[str, Any]]:
-            out = {str(lp.token_id): {"logprob": lp.logprob, "rank": lp.rank,
+            out = {str(lp.token_id): {"logprob": finite_logprob(lp.logprob), "rank": lp.rank,
                                       "decoded_token": decode([lp.token_id])}}
             for i, (t, v) in enumerate(lp.top.items()):  # the prompt token first, as vLLM
-                out.setdefault(str(t), {"logprob": v, "rank": i + 1, "decoded_token": decode([t])})
+                out.setdefault(str(t), {"logprob": finite_logprob(v), "rank": i + 1,
+                                        "decoded_token": decode([t])})
             return out
 
         return [None if lp is None else scored(lp) for lp in entries]

@@ -28,6 +28,13 @@ from worker.store.schemas import JobResult
 
 log = logging.getLogger(__name__)
 
+UNSTORABLE_RESULT_CODE = "result_not_storable"
+UNSTORABLE_RESULT_ERROR = (
+    f"the result could not be stored (error code {UNSTORABLE_RESULT_CODE}); the job failed "
+    "and the worker's log has the detail"
+)
+"""A job's ``error`` when the store refused its result: never the SQL or driver text."""
+
 
 @dataclass
 class Finished:
@@ -248,6 +255,10 @@ class OutputWriter:
             except Exception as exc:
                 if is_transient(exc):
                     raise
+                # The driver's text names tables and quotes values: it goes to this log,
+                # the tenant reads only the generic message and its code.
+                log.error("the store refused job %s's result (%s): %s", f.result.job_id,
+                          UNSTORABLE_RESULT_CODE, exc)
                 try:
                     with self.session_factory.begin() as session:
                         finish_jobs(
@@ -256,7 +267,7 @@ class OutputWriter:
                                 JobResult(
                                     job_id=f.result.job_id,
                                     status="failed",
-                                    error=f"could not store the result: {exc}",
+                                    error=UNSTORABLE_RESULT_ERROR,
                                 )
                             ],
                             worker_id=self.worker_id,

@@ -7,6 +7,7 @@ import secrets
 
 from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from worker.store.base import utcnow
@@ -69,12 +70,16 @@ def webhook_secret(*, session: Session, tenant: str) -> str:
 
 
 def rotate_webhook_secret(*, session: Session, tenant: str) -> str:
-    """Replace the tenant's webhook secret with a new one; returns it."""
+    """Replace the tenant's webhook secret with a new one; returns it. One upsert (INSERT
+    ... ON CONFLICT DO UPDATE), so concurrent rotations never collide on a first insert:
+    each succeeds, and the secret ends as the one committed last."""
     fresh = "whsec_" + secrets.token_urlsafe(32)
-    row = session.get(WebhookSecret, tenant, with_for_update=True)
-    if row is None:
-        session.add(WebhookSecret(tenant=tenant, secret=fresh, created_at=utcnow()))
-    else:
-        row.secret, row.created_at = fresh, utcnow()
-    session.flush()
+    now = utcnow()
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    session.execute(
+        insert(WebhookSecret)
+        .values(tenant=tenant, secret=fresh, created_at=now)
+        .on_conflict_do_update(index_elements=["tenant"], set_={"secret": fresh, "created_at": now})
+    )
+    session.expire_all()  # a WebhookSecret this session loaded is stale now
     return fresh
