@@ -409,3 +409,11 @@ def test_every_stored_value_is_finite_and_encodable(text: str, param: str) -> No
     surrogate, wherever it sits, is that line's error naming the top-level field."""
     err = refuse(text)
     assert err.param == param and err.code in ("invalid_value", "invalid_encoding"), err
+
+
+def test_an_integer_too_long_to_convert_is_that_lines_error() -> None:
+    """Python refuses to convert integers of more than 4300 digits (a ValueError, not a
+    JSONDecodeError): the line is refused as malformed, never raised out of the parser
+    (a batch expansion would fail on it again and again)."""
+    err = refuse('{"prompt": "x", "seed": ' + "9" * 5000 + "}")
+    assert err.code == "invalid_json" and "digits" in str(err), err

@@ -158,6 +158,10 @@ def parse_request_line(line: str | bytes, *, line_number: int) -> GenerationRequ
     except _NonFiniteConstant as exc:
         raise RequestParseError(f"malformed JSON: {exc} is not valid JSON; numbers must be "
                                 "finite", code="invalid_json", line_number=line_number) from None
+    except ValueError as exc:  # an integer of more than 4300 digits (sys.int_info)
+        reason = str(exc).split(";")[0]
+        raise RequestParseError(f"malformed JSON: {reason}", code="invalid_json",
+                                line_number=line_number) from None
     if not isinstance(obj, dict):
         raise RequestParseError(f"expected a JSON object, got {json_type(obj)}",
                                 code="invalid_json", line_number=line_number)
