@@ -111,8 +111,9 @@ def create(
         batch.created_at = utcnow()
         batch.expires_at = batch.created_at + timedelta(hours=hours)
         batch_id = batch.id
+    view = _live_view(ctx, _owned(ctx, tenant, batch_id))[0]  # as created: validating
     request.app.state.dispatcher.submit("inflight.expand_batch", batch_id)
-    return _live_view(ctx, _owned(ctx, tenant, batch_id))[0]
+    return view
 
 
 @router.get("/{batch_id}", operation_id="getBatch")
