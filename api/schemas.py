@@ -62,6 +62,19 @@ class JobCreate(StoredBody):
     queue_class: Literal["interactive", "batch"] = "interactive"
 
 
+EXPIRES_MIN_S = 3600  # OpenAI's bounds of expires_after.seconds: one hour ...
+EXPIRES_MAX_S = 2_592_000  # ... to 30 days
+
+
+class ExpiresAfter(BaseModel):
+    """OpenAI's expiration policy of a file: ``seconds`` after its ``created_at``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    anchor: Literal["created_at"]
+    seconds: int = Field(ge=EXPIRES_MIN_S, le=EXPIRES_MAX_S, strict=True)
+
+
 class BatchCreate(StoredBody):
     """The OpenAI ``POST /v1/batches`` body."""
 
@@ -71,6 +84,20 @@ class BatchCreate(StoredBody):
     endpoint: Literal["/v1/chat/completions", "/v1/completions"]
     completion_window: str = Field("24h", pattern=r"^[1-9][0-9]{0,3}h$")
     metadata: dict[str, str] | None = Field(None, max_length=16)
+    output_expires_after: ExpiresAfter | None = Field(
+        None, description="the output and error files expire this long after their creation"
+    )
+
+
+class BatchRetry(StoredBody):
+    """The ``POST /v1/batches/{batch_id}/retry`` body: what differs from the batch retried
+    (every field absent: the same)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    completion_window: str | None = Field(None, pattern=r"^[1-9][0-9]{0,3}h$")
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    output_expires_after: ExpiresAfter | None = None
 
 
 JOB_META_FIELDS = frozenset(JobCreate.model_fields)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+log = logging.getLogger(__name__)
 
 
 class FileTooLarge(Exception):
@@ -54,6 +57,20 @@ class Storage:
         path = self.path_for(tenant=tenant, file_id=file_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         return path.with_suffix(".part"), path
+
+    @staticmethod
+    def remove(path: str | Path) -> bool:
+        """Delete a stored file's bytes; whether they were there. An error other than a
+        missing file is logged, not raised (the row is gone already: the bytes are an
+        orphan an operator can remove)."""
+        try:
+            Path(path).unlink()
+        except FileNotFoundError:
+            return False
+        except OSError:
+            log.exception("could not remove %s", path)
+            return False
+        return True
 
     @staticmethod
     def iter_bytes(path: str | Path, chunk: int = 1 << 16) -> Iterator[bytes]:

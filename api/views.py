@@ -117,6 +117,7 @@ def file_view(row: StoredFile) -> dict[str, Any]:
         "filename": row.filename,
         "purpose": row.purpose,
         "status": "processed",
+        "expires_at": epoch(row.expires_at),
     }
 
 
@@ -148,6 +149,12 @@ def batch_view(batch: Batch, counts: dict[str, int] | None = None) -> dict[str, 
         "cancelled_at": epoch(batch.cancelled_at),
         "request_counts": c,
         "metadata": batch.metadata_,
+        "output_expires_after": (
+            {"anchor": "created_at", "seconds": batch.output_expires_after}
+            if batch.output_expires_after
+            else None
+        ),
+        "retry_of": batch.retry_of,
     }
 
 

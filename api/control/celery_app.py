@@ -30,6 +30,7 @@ BEAT_SCHEDULE: dict[str, float] = {
     "inflight.reconcile_jobs": 30.0,
     "inflight.expire_batches": 60.0,
     "inflight.prune_iterations": 3600.0,
+    "inflight.delete_expired_files": 60.0,
 }
 
 
@@ -116,6 +117,11 @@ def _register(app: Celery, get_ctx: Callable[[], Context]) -> None:
     @app.task(name="inflight.prune_iterations", shared=False)
     def prune_iterations() -> int:
         return maintenance.prune_old_iterations(get_ctx())
+
+    # no retries: a failed run leaves its files for the next beat, a minute later
+    @app.task(name="inflight.delete_expired_files", shared=False)
+    def delete_expired_files() -> list[str]:
+        return maintenance.delete_expired_files(get_ctx())
 
 
 def send(app: Celery, name: str, *args: Any) -> None:

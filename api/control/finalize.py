@@ -70,9 +70,9 @@ def _finalize(ctx: Context, batch_id: str, expiring: bool, lock: RenewableLock) 
                 return status
         if status == "in_progress" and not expiring:
             set_batch_status(session=session, batch_id=batch_id, status="finalizing")
-        tenant = batch.tenant
+        tenant, expires_after = batch.tenant, batch.output_expires_after
     final = "expired" if expiring else _FINAL_OF[status]
-    out_id, err_id, counts = _write_files(ctx, batch_id, tenant, final, lock)
+    out_id, err_id, counts = _write_files(ctx, batch_id, tenant, final, lock, expires_after)
     with ctx.session_factory.begin() as session:
         lock.renew()  # still ours: nobody else finalized meanwhile
         batch = get_batch(session=session, batch_id=batch_id)
@@ -88,7 +88,8 @@ def _finalize(ctx: Context, batch_id: str, expiring: bool, lock: RenewableLock) 
 
 
 def _write_files(
-    ctx: Context, batch_id: str, tenant: str, final: str, lock: RenewableLock
+    ctx: Context, batch_id: str, tenant: str, final: str, lock: RenewableLock,
+    expires_after: int | None = None,
 ) -> tuple[str | None, str | None, dict[str, int]]:
     staged = read_errors(ctx, batch_id)
     out_id, err_id = new_file_id(), new_file_id()
@@ -135,20 +136,25 @@ def _write_files(
         err_tmp.unlink(missing_ok=True)
         raise
     with ctx.session_factory.begin() as session:
-        out_file = _publish(session, tenant, out_id, out_tmp, out_path, f"{batch_id}_output.jsonl", n_out)
-        err_file = _publish(session, tenant, err_id, err_tmp, err_path, f"{batch_id}_error.jsonl", n_err)
+        out_file = _publish(session, tenant, out_id, out_tmp, out_path,
+                            f"{batch_id}_output.jsonl", n_out, expires_after)
+        err_file = _publish(session, tenant, err_id, err_tmp, err_path,
+                            f"{batch_id}_error.jsonl", n_err, expires_after)
     return out_file, err_file, counts
 
 
 def _publish(session: Any, tenant: str, file_id: str, tmp: Path, path: Path, filename: str,
-             lines: int) -> str | None:
-    """Move a written output file into place and record it; drop it when it has no line."""
+             lines: int, expires_after: int | None = None) -> str | None:
+    """Move a written output file into place and record it (expiring ``expires_after``
+    seconds after now when given: the batch's ``output_expires_after``); drop it when it
+    has no line."""
     if not lines:
         tmp.unlink(missing_ok=True)
         return None
     os.replace(tmp, path)
     create_file(session=session, file_id=file_id, tenant=tenant, purpose="batch_output",
-                filename=filename, size=path.stat().st_size, path=str(path))
+                filename=filename, size=path.stat().st_size, path=str(path),
+                expires_after=expires_after)
     return file_id
 
 

@@ -1,5 +1,5 @@
 """Periodic upkeep (Celery beat): reconcile lost jobs, finalize finished batches, expire
-batches past their completion window, prune old iteration rows."""
+batches past their completion window, prune old iteration rows, delete expired files."""
 
 from __future__ import annotations
 
@@ -18,7 +18,13 @@ from worker.store.crud.batch_admin import (
     set_batch_status,
 )
 from worker.store.crud.expansion import stalled_expansions
+from worker.store.crud.files import delete_file, expired_files, get_file, open_batch_using
 from worker.store.crud.retention import prune_iterations
+from worker.store.crud.tenant_usage import lock_tenant
+
+EXPIRED_FILES_PER_RUN = 500
+"""At most this many expired files are deleted per run of ``delete_expired_files`` (the
+next run, a minute later, takes the rest)."""
 
 
 def reconcile_jobs(ctx: Context) -> int:
@@ -85,6 +91,29 @@ def prune_old_iterations(ctx: Context) -> int:
     cutoff = utcnow() - timedelta(days=ctx.settings.iteration_retention_days)
     with ctx.session_factory.begin() as session:
         return prune_iterations(session=session, older_than=cutoff)
+
+
+def delete_expired_files(ctx: Context, *, limit: int = EXPIRED_FILES_PER_RUN) -> list[str]:
+    """Delete up to ``limit`` files past their ``expires_at`` and their bytes (freeing the
+    tenant's stored-bytes quota); returns their ids. A file that a batch not yet ended
+    reads as its input is kept until that batch ends (looked at again under the tenant's
+    lock, which batch creation takes too). A file whose bytes cannot be removed is still
+    deleted (its bytes logged as an orphan), so no run retries one forever."""
+    with ctx.session_factory() as session:
+        due = expired_files(session=session, now=utcnow(), limit=limit)
+        session.rollback()
+    deleted: list[str] = []
+    for file_id, tenant in due:
+        with ctx.session_factory.begin() as session:
+            lock_tenant(session=session, tenant=tenant)
+            row = get_file(session=session, file_id=file_id)
+            if row is None or open_batch_using(session=session, file_id=file_id) is not None:
+                continue
+            path = delete_file(session=session, file_id=file_id)
+        if path:
+            ctx.storage.remove(path)
+        deleted.append(file_id)
+    return deleted
 
 
 def mark_cancelling(ctx: Context, *, batch_id: str) -> bool:

@@ -1,29 +1,32 @@
-"""Batches with OpenAI Batch API semantics: create, get, cancel, list."""
+"""Batches with OpenAI Batch API semantics: create, get, cancel, list; and retry (a new
+batch of a finished batch's failed and expired lines)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Body, Query, Request
 from sqlalchemy.orm import Session
 
 from api.admission import admit_or_refuse
 from api.context import Context
 from api.control.celery_app import send
 from api.control.input_lines import count_lines
+from api.control.retry_lines import write_retry_file
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, known_id, not_found
 from api.openapi_links import links_to
 from api.ownership import owned_batch
-from api.quotas import check_batch_quota, check_queued_jobs
-from api.schemas import BatchCreate, BatchObject
+from api.quotas import check_batch_quota, check_queued_jobs, check_storage_quota
+from api.schemas import BatchCreate, BatchObject, BatchRetry
 from api.views import batch_view
 from worker.store.base import utcnow
 from worker.store.crud.batch_admin import get_progress, list_batches
 from worker.store.crud.batches import create_batch
-from worker.store.crud.files import get_file
+from worker.store.crud.files import create_file, get_file, new_file_id
 from worker.store.crud.jobs import count_by_status
+from worker.store.crud.tenant_usage import lock_tenant
 from worker.store.models import Batch
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -96,23 +99,125 @@ def create(
         )
     admit_or_refuse(ctx, "batch", offered=lines)
     with ctx.session_factory.begin() as session:
+        lock_tenant(session=session, tenant=tenant)  # DELETE /v1/files/{id} takes it too
         check_batch_quota(ctx, session, tenant)  # 429, exact under the tenant's lock
         check_queued_jobs(ctx, session, tenant, adding=lines)
         _input_path(session, tenant, payload.input_file_id)  # not deleted meanwhile
-        batch = create_batch(
-            session=session,
-            tenant=tenant,
+        batch_id = _new_batch(
+            session,
+            tenant,
             endpoint=payload.endpoint,
             input_file_id=payload.input_file_id,
             completion_window=payload.completion_window,
             metadata=payload.metadata,
+            output_expires_after=(
+                payload.output_expires_after.seconds if payload.output_expires_after else None
+            ),
         )
-        hours = int(payload.completion_window[:-1])
-        batch.created_at = utcnow()
-        batch.expires_at = batch.created_at + timedelta(hours=hours)
-        batch_id = batch.id
     view = _live_view(ctx, _owned(ctx, tenant, batch_id))[0]  # as created: validating
     request.app.state.dispatcher.submit("inflight.expand_batch", batch_id)
+    return view
+
+
+def _new_batch(
+    session: Session,
+    tenant: str,
+    *,
+    endpoint: str,
+    input_file_id: str,
+    completion_window: str,
+    metadata: dict[str, str] | None,
+    output_expires_after: int | None,
+    retry_of: str | None = None,
+) -> str:
+    """Add a batch (validating, its window starting now); returns its id."""
+    batch = create_batch(
+        session=session,
+        tenant=tenant,
+        endpoint=endpoint,
+        input_file_id=input_file_id,
+        completion_window=completion_window,
+        metadata=metadata,
+    )
+    batch.created_at = utcnow()
+    batch.expires_at = batch.created_at + timedelta(hours=int(completion_window[:-1]))
+    batch.output_expires_after = output_expires_after
+    batch.retry_of = retry_of
+    return batch.id
+
+
+@router.post(
+    "/{batch_id}/retry",
+    operation_id="retryBatch",
+    responses={200: {"description": "the new batch, validating", "model": BatchObject,
+                     "links": links_to("batch_id", "getBatch", "cancelBatch")}},
+)
+def retry(
+    *,
+    batch_id: str,
+    request: Request,
+    ctx: CtxDep,
+    tenant: TenantDep,
+    payload: BatchRetry | None = Body(None),  # noqa: B008
+) -> dict[str, Any]:
+    """A new batch of exactly the lines of a finished batch that failed, were cancelled or
+    expired (those of its error file), with the same custom_ids, so the two output files
+    join by custom_id; its input is a new file of those lines (``<batch id>_retry.jsonl``,
+    counted against the stored bytes). The endpoint, completion window, metadata and
+    output expiry are the batch's unless the body overrides them. The new batch names the
+    old one in ``retry_of``. 409 ``batch_not_finished`` while the batch runs, 400
+    ``nothing_to_retry`` when none of its lines failed."""
+    old = _owned(ctx, tenant, batch_id)
+    if old.status in _LIVE:
+        raise ApiError(
+            409,
+            f"batch {batch_id!r} is {old.status}; only a finished batch (completed, failed, "
+            "expired or cancelled) can be retried",
+            code="batch_not_finished",
+            param="batch_id",
+        )
+    body = payload or BatchRetry.model_validate({})
+    admit_or_refuse(ctx, "batch")
+    file_id = new_file_id()
+    tmp, path = ctx.storage.writer(tenant=tenant, file_id=file_id)
+    try:
+        lines, size = write_retry_file(ctx, old, tmp)
+        if not lines:
+            raise ApiError(
+                400,
+                f"batch {batch_id!r} has no failed, cancelled or expired request to retry",
+                code="nothing_to_retry",
+                param="batch_id",
+            )
+        admit_or_refuse(ctx, "batch", offered=lines)
+        tmp.replace(path)
+        with ctx.session_factory.begin() as session:
+            lock_tenant(session=session, tenant=tenant)
+            check_storage_quota(ctx, session, tenant, size)
+            check_batch_quota(ctx, session, tenant)
+            check_queued_jobs(ctx, session, tenant, adding=lines)
+            create_file(session=session, file_id=file_id, tenant=tenant, purpose="batch",
+                        filename=f"{batch_id}_retry.jsonl", size=size, path=str(path))
+            new_id = _new_batch(
+                session,
+                tenant,
+                endpoint=old.endpoint,
+                input_file_id=file_id,
+                completion_window=body.completion_window or old.completion_window,
+                metadata=body.metadata if "metadata" in body.model_fields_set else old.metadata_,
+                output_expires_after=(
+                    (body.output_expires_after.seconds if body.output_expires_after else None)
+                    if "output_expires_after" in body.model_fields_set
+                    else old.output_expires_after
+                ),
+                retry_of=old.id,
+            )
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # refused or not recorded: keep no orphan bytes
+        path.unlink(missing_ok=True)
+        raise
+    view = _live_view(ctx, _owned(ctx, tenant, new_id))[0]
+    request.app.state.dispatcher.submit("inflight.expand_batch", new_id)
     return view
 
 

@@ -65,8 +65,9 @@ def test_the_creates_document_links_to_what_reads_what_they_created(env: ApiEnv)
     }
     assert links == {
         ("/v1/jobs", "post"): {"getJob", "cancelJob"},
-        ("/v1/files", "post"): {"getFile", "getFileContent"},
+        ("/v1/files", "post"): {"getFile", "getFileContent", "deleteFile"},
         ("/v1/batches", "post"): {"getBatch", "cancelBatch"},
+        ("/v1/batches/{batch_id}/retry", "post"): {"getBatch", "cancelBatch"},
     }
     from schemathesis.specs.openapi.stateful import collect_transitions
 
@@ -76,4 +77,5 @@ def test_the_creates_document_links_to_what_reads_what_they_created(env: ApiEnv)
                 for link in op.outgoing}
     assert followed == {"GET /v1/jobs/{job_id}", "DELETE /v1/jobs/{job_id}",
                         "GET /v1/files/{file_id}", "GET /v1/files/{file_id}/content",
+                        "DELETE /v1/files/{file_id}",
                         "GET /v1/batches/{batch_id}", "POST /v1/batches/{batch_id}/cancel"}

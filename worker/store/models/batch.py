@@ -52,5 +52,9 @@ class Batch(Base):
     cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # seconds after their creation the output and error files expire (None: kept)
+    output_expires_after: Mapped[int | None] = mapped_column(Integer)
+    # the batch whose failed and expired lines this one re-runs (POST .../retry)
+    retry_of: Mapped[str | None] = mapped_column(String(64))
 
     __table_args__ = (Index(None, "tenant", "created_at"),)

@@ -22,5 +22,8 @@ class StoredFile(Base):
     bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     path: Mapped[str] = mapped_column(String(1024))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # when the retention task deletes it (OpenAI's expires_after; a batch's
+    # output_expires_after for its output and error files); None: kept until deleted
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
-    __table_args__ = (Index(None, "tenant", "created_at"),)
+    __table_args__ = (Index(None, "tenant", "created_at"), Index(None, "expires_at"))
