@@ -204,6 +204,17 @@ class Client:
             body["metadata"] = metadata
         return self._request("POST", "/v1/batches", json=body).json()
 
+    def delete_file(self, file_id: str) -> dict[str, Any]:
+        """Delete a file and its bytes (409 while an unfinished batch reads it). Retried
+        like any DELETE: a retry after a delete that went through answers 404."""
+        return self._request("DELETE", f"/v1/files/{file_id}").json()
+
+    def retry_batch(self, batch_id: str, **overrides: Any) -> dict[str, Any]:
+        """A new batch of a finished batch's failed, cancelled and expired lines (same
+        custom_ids); ``overrides``: ``completion_window``, ``metadata``,
+        ``output_expires_after``. Returns the new batch."""
+        return self._request("POST", f"/v1/batches/{batch_id}/retry", json=overrides).json()
+
     def get_batch(self, batch_id: str) -> dict[str, Any]:
         """The batch object."""
         return self._request("GET", f"/v1/batches/{batch_id}").json()

@@ -223,3 +223,34 @@ def test_retry_of_a_cancelled_batch_runs_on_a_worker(env: ApiEnv) -> None:
     assert first == {"c-0", "c-2"}
     assert first | {o["custom_id"] for o in out} == {f"c-{i}" for i in range(4)}
     assert [e["custom_id"] for e in _lines(env, h, second["error_file_id"])] == ["bad"]
+
+
+def test_retry_of_an_expired_batch_takes_the_expired_lines(env: ApiEnv) -> None:
+    from datetime import timedelta
+
+    from api.control.maintenance import expire_batches
+    from worker.store.base import utcnow
+    from worker.store.crud.batches import get_batch
+
+    h = env.auth("t-retry-expired")
+    batch = _batch(env, h, _upload(env, h, jsonl(batch_lines(3, tag="x"))))
+    _finish(env, batch["id"], only={"x-1"})
+    with env.ctx.session_factory.begin() as s:
+        get_batch(session=s, batch_id=batch["id"]).expires_at = utcnow() - timedelta(seconds=1)
+    assert expire_batches(env.ctx) == [batch["id"]]
+    done = env.client.get(f"/v1/batches/{batch['id']}", headers=h).json()
+    assert done["status"] == "expired"
+    assert [e["error"]["code"] for e in _lines(env, h, done["error_file_id"])] == [
+        "batch_expired", "batch_expired"]
+    from api.client import Client
+    from api.serve_thread import ThreadedServer
+
+    with ThreadedServer(env.app) as url, Client(url, api_key=env.key("t-retry-expired")) as c:
+        again = c.retry_batch(batch["id"], completion_window="72h")
+        assert again["completion_window"] == "72h" and again["retry_of"] == batch["id"]
+        assert [json.loads(x)["custom_id"] for x in
+                c.file_content(again["input_file_id"]).splitlines()] == ["x-0", "x-2"]
+        assert env.app.state.dispatcher.wait_idle(30)
+        c.cancel_batch(again["id"])
+        assert c.wait_batch(again["id"], timeout=30, poll=0.1)["status"] == "cancelled"
+        assert c.delete_file(again["input_file_id"])["deleted"] is True
