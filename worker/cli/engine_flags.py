@@ -18,6 +18,7 @@ _ENGINE_FIELDS = (
     "enable_prefix_caching",
     "enable_chunked_prefill", "attention_backend", "seed", "num_threads", "prepack_weights",
     "num_speculative_tokens", "speculative_max_rows",
+    "interactive_reserve_seqs", "interactive_reserve_tokens", "interactive_priority",
 )
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -80,6 +81,15 @@ def add_engine_flags(parser: argparse.ArgumentParser, *, default_model: str = "s
                    help="n-gram draft tokens per greedy sequence per step (default: 0, off)")
     g.add_argument("--speculative-max-rows", type=int, metavar="N",
                    help="no drafts beyond N decode rows plus drafts in a step (default: 128)")
+    g.add_argument("--interactive-reserve-seqs", type=int, metavar="N",
+                   help="sequence slots batch jobs never take, kept for interactive ones "
+                        "(default: 4, at most a quarter of --max-num-seqs)")
+    g.add_argument("--interactive-reserve-tokens", type=int, metavar="N",
+                   help="step tokens batch prefill never takes, kept for interactive "
+                        "prompts (default: 256, at most a quarter of the step budget)")
+    g.add_argument("--interactive-priority", action=argparse.BooleanOptionalAction, default=None,
+                   help="admit waiting interactive jobs before batch ones, preempting a batch "
+                        "sequence when slots or KV blocks are full (default: on)")
     g.add_argument("--seed", type=int, help="seed of requests that do not set their own")
     g.add_argument("--num-threads", type=int, metavar="N", help="torch threads on CPU")
 

@@ -30,7 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="live view of the workers and the queues",
         description="Per worker: status, heartbeat age, latest step, batch size (running "
         "sequences), waiting sequences, KV use, tokens/s, decode tokens/s and jobs/s over the "
-        "last --window seconds (from the iterations and jobs tables). Per stream: length, "
+        "last --window seconds, then running/waiting sequences per service class (INTER: "
+        "interactive, BATCH R/W: batch) (from the iterations and jobs tables). Per stream: length, "
         "pending (delivered, not acked) and undelivered entries of the consumer group.",
     )
     p.add_argument(
@@ -52,11 +53,19 @@ def _n(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def _classes(w: Any) -> str:
+    """Running/waiting sequences of each class at the latest step: interactive, batch."""
+    ri, wi = getattr(w, "running_interactive", None), getattr(w, "waiting_interactive", None)
+    if ri is None or wi is None or w.running is None or w.waiting is None:
+        return f"{'-':>9} {'-':>9}"
+    return f"{f'{ri}/{wi}':>9} {f'{w.running - ri}/{w.waiting - wi}':>9}"
+
+
 def format_workers(workers: list[Any]) -> list[str]:
     """The workers table of a frame."""
     lines = [
         f"{'WORKER':24} {'STATUS':9} {'HB AGE':>7} {'STEP':>8} {'BATCH':>5} {'WAIT':>5} "
-        f"{'KV%':>5} {'TOK/S':>9} {'DEC/S':>8} {'JOBS/S':>7}  MODEL"
+        f"{'KV%':>5} {'TOK/S':>9} {'DEC/S':>8} {'JOBS/S':>7} {'INTER':>9} {'BATCH R/W':>9}  MODEL"
     ]
     if not workers:
         lines.append("  (no workers)")
@@ -66,7 +75,7 @@ def format_workers(workers: list[Any]) -> list[str]:
         lines.append(
             f"{w.id[:24]:24} {status[:9]:9} {w.heartbeat_age_s:>6.1f}s {_n(w.step):>8} "
             f"{_n(w.running):>5} {_n(w.waiting):>5} {kv:>5} {w.tokens_per_s:>9.1f} "
-            f"{w.decode_tokens_per_s:>8.1f} {w.jobs_per_s:>7.2f}  {w.model}"
+            f"{w.decode_tokens_per_s:>8.1f} {w.jobs_per_s:>7.2f} {_classes(w)}  {w.model}"
         )
     if any(not w.alive and w.status != "stopped" for w in workers):
         lines.append("  (status? : no heartbeat within the worker timeout; dead or stuck)")

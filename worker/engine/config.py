@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from worker.protocol.sampling_params import InvalidRequestError
 
+SERVICE_CLASSES = ("interactive", "batch")
 POLICIES = ("fcfs", "static", "static-padded", "priority", "sjf", "fair")
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB: about 23k tokens of SmolLM2-135M in fp32
 # ...but never fewer tokens than this: a model with wider KV per token (Qwen3-0.6B: 224 KiB
@@ -44,6 +45,14 @@ class EngineArgs:
     speculative_max_rows: int = 128  # decode rows + drafts per step, beyond which no drafts
     swap_space: int = 0  # bytes of host memory for preempted KV; 0: preempt by recompute only
     swap_min_tokens: int = 256  # swap contexts at least this long, recompute shorter ones
+    # Interactive vs batch requests (add_request's service_class; docs/design.md): batch
+    # admission leaves this many sequence slots and step tokens free (capped at
+    # a quarter of max_num_seqs and of max_num_batched_tokens)...
+    interactive_reserve_seqs: int = 4
+    interactive_reserve_tokens: int = 256
+    # ...and waiting interactive requests are admitted before batch ones, preempting the
+    # lowest-value batch sequence when slots or KV blocks are full.
+    interactive_priority: bool = True
 
     def __post_init__(self) -> None:
         self.validate()
@@ -62,6 +71,10 @@ class EngineArgs:
             )
         if self.swap_space < 0 or self.swap_min_tokens < 1:
             raise InvalidRequestError("swap_space must be >= 0 bytes and swap_min_tokens >= 1")
+        if self.interactive_reserve_seqs < 0 or self.interactive_reserve_tokens < 0:
+            raise InvalidRequestError(
+                "interactive_reserve_seqs and interactive_reserve_tokens must be >= 0"
+            )
         if self.max_num_seqs < 1:
             raise InvalidRequestError(f"max_num_seqs={self.max_num_seqs}: must be >= 1")
         if self.max_num_batched_tokens < 1:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from worker.engine.block_manager import BlockManager
-from worker.engine.config import EngineArgs
+from worker.engine.config import SERVICE_CLASSES, EngineArgs
 from worker.engine.model_runner import ModelRunner
 from worker.engine.outputs import RequestOutput, StepStats
 from worker.engine.prompt_logprobs import record_prompt_logprobs
@@ -55,6 +55,9 @@ class LLMEngine:
             max_num_batched_tokens=args.max_num_batched_tokens, policy=args.policy,
             enable_chunked_prefill=args.enable_chunked_prefill, tenant_weights=args.tenant_weights,
             swap=self.swapper.manager if self.swapper is not None else None,
+            interactive_reserve_seqs=args.interactive_reserve_seqs,
+            interactive_reserve_tokens=args.interactive_reserve_tokens,
+            interactive_priority=args.interactive_priority,
         )
         self.sampler = Sampler(eos_token_ids=runner.eos_token_ids, device=runner.device, seed=args.seed)
         self.grammars = Grammars(self.tokenizer, vocab_size=runner.vocab_size,
@@ -105,15 +108,22 @@ class LLMEngine:
         priority: int = 0,
         tenant: str | None = None,
         arrival_time: float | None = None,
+        service_class: str = "interactive",
     ) -> None:
         """Queue a request; refuse at once (InvalidRequestError) one that could never be
-        scheduled (see ``request_validation``)."""
+        scheduled (see ``request_validation``). ``service_class`` is the queue class:
+        "interactive" (the default, as for in-process callers) or "batch", which yields to
+        interactive requests (``EngineArgs.interactive_*``)."""
         if request_id in self.tracker:
             raise InvalidRequestError(f"request id {request_id!r} is already in the engine")
+        if service_class not in SERVICE_CLASSES:
+            raise InvalidRequestError(
+                f"service_class={service_class!r}: expected one of {SERVICE_CLASSES}")
         seq = new_sequence(
             request_id, prompt_token_ids, params or SamplingParams(), self.limits, prompt=prompt,
             priority=priority, tenant=tenant, arrival_time=arrival_time or time.time(),
         )
+        seq.service_class = service_class
         if seq.params.structured is not None:
             seq.grammar = self.grammars.grammar_for(seq.params.structured)
         self.tracker.add(seq)
@@ -140,7 +150,25 @@ class LLMEngine:
         waiting_tokens = sum(s.num_tokens - s.num_computed_tokens for s in sched.waiting)
         if waiting_tokens >= self.block_manager.num_free_blocks * self.block_size:
             return 0
-        return max(0, slots)
+        return max(0, slots - sched.reserve_seqs)
+
+    def interactive_capacity(self) -> int:
+        """How many new interactive requests are worth reading now: with interactive
+        priority they go ahead of (and may preempt) batch work, so only the interactive
+        requests already in the engine count against ``max_num_seqs``, and none is worth
+        reading while the free KV and the batch sequences' KV cannot hold the interactive
+        ones already waiting; without it, as ``admission_capacity``."""
+        sched = self.scheduler
+        if not sched.interactive_priority:
+            return self.admission_capacity()
+        waiting = [s for s in sched.waiting if not s.is_batch]
+        waiting_tokens = sum(s.num_tokens - s.num_computed_tokens for s in waiting)
+        batch_blocks = sum(len(s.block_table) for s in sched.running if s.is_batch)
+        if waiting and waiting_tokens >= (self.block_manager.num_free_blocks + batch_blocks) * self.block_size:
+            return 0
+        present = len(waiting) + sum(1 for s in sched.running if not s.is_batch)
+        return max(0, sched.max_num_seqs - present)
+
 
     # -- the step ---------------------------------------------------------------------
     def step(self) -> tuple[list[RequestOutput], StepStats]:

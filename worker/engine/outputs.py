@@ -76,6 +76,11 @@ class StepStats:
     num_accepted_tokens: int = 0  # of them, accepted
     num_verify_tokens: int = 0  # rows of sequences checking drafts (last token + drafts)
     num_pad_rows: int = 0  # rows of finished static-padded members still holding a slot
+    # service classes (Sequence.service_class): interactive sequences running and waiting
+    # after the step, and the rows they computed in it; the rest are batch
+    num_running_interactive: int = 0
+    num_waiting_interactive: int = 0
+    num_interactive_tokens: int = 0
 
     @property
     def num_batched_tokens(self) -> int:

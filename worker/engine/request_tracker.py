@@ -105,6 +105,7 @@ class RequestTracker:
                     first_step=leader.metrics.first_step, last_step=leader.metrics.last_step,
                 ),
                 prompt=leader.prompt, priority=leader.priority, tenant=leader.tenant,
+                service_class=leader.service_class,
                 generator=make_generator(None if seed is None else seed + k, self.device),
                 max_tokens=leader.max_tokens, group_id=leader.request_id, sample_index=k,
             )

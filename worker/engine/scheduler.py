@@ -16,6 +16,15 @@ freed in the same step. On a model whose every layer has a sliding window, the b
 that slid out of the window of a sequence still running are released there too
 (``BlockManager.release_out_of_window``).
 
+Interactive and batch requests (``Sequence.service_class``; every non-cohort policy):
+batch admission stops ``interactive_reserve_seqs`` slots short of ``max_num_seqs`` and
+``interactive_reserve_tokens`` short of the step budget (a running batch prompt's next
+chunk too), so an interactive arrival always finds room. With ``interactive_priority``
+waiting interactive requests are admitted before any batch one (the policy orders each
+class), and one that finds the slots or KV blocks full preempts the lowest-value batch
+runner (``pick_victim`` among batch sequences; swapped or recomputed as any preemption)
+so it starts in the same step; a runner that cannot grow preempts batch runners first.
+
 The ``static`` policy reproduces request-level batching: a cohort is admitted only when
 nothing runs, and runs until its longest member ends. ``static-padded`` is the same
 cohort in lockstep, as Hugging Face ``generate`` runs a batch: a finished member keeps
@@ -58,6 +67,9 @@ class Scheduler:
         enable_chunked_prefill: bool = True,
         tenant_weights: dict[str, float] | None = None,
         swap: SwapManager | None = None,
+        interactive_reserve_seqs: int = 0,
+        interactive_reserve_tokens: int = 0,
+        interactive_priority: bool = False,
     ) -> None:
         self.block_manager = block_manager
         self.swap = swap  # swap preemption (worker/engine/swap.py); None: recompute only
@@ -70,6 +82,11 @@ class Scheduler:
         self.padding: list[Sequence] = []  # static-padded: finished members still in their slot
         self.ledger = TenantLedger(tenant_weights)
         self._cohort_open = True  # static policies: the cohort still takes members
+        classes = policy not in COHORT_POLICIES  # a cohort is formed and run whole
+        # batch admission leaves these free; batch keeps at least three quarters of each
+        self.reserve_seqs = min(interactive_reserve_seqs, max_num_seqs // 4) if classes else 0
+        self.reserve_tokens = min(interactive_reserve_tokens, max_num_batched_tokens // 4) if classes else 0
+        self.interactive_priority = interactive_priority and classes
 
     # -- queue management -------------------------------------------------------------
     def add_running(self, seq: Sequence) -> None:
@@ -108,7 +125,9 @@ class Scheduler:
         budget = self._schedule_padding(out, budget)
         # After a preemption nothing new fits, except under the priority policy, where a
         # waiting request that outranks a runner may still take its place.
-        if (not out.preempted or self.policy == "priority") and self._may_admit():
+        if (
+            not out.preempted or self.policy == "priority" or self._interactive_waiting()
+        ) and self._may_admit():
             stopped_by = self._admit_waiting(out, budget)
             if self.policy in COHORT_POLICIES and stopped_by != "budget":
                 self._cohort_open = False  # full, out of blocks, or nothing left to admit
@@ -173,10 +192,16 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = speculation.fit_drafts(seq, budget, bm)
+            room = budget
+            if seq.is_batch and self.reserve_tokens and seq.num_tokens - seq.num_computed_tokens > 1:
+                room = budget - self.reserve_tokens  # a batch prompt chunk leaves the reserve
+                if room <= 0:
+                    i += 1
+                    continue
+            num_new = speculation.fit_drafts(seq, room, bm)
             target = seq.num_computed_tokens + num_new
             while not bm.can_grow(seq, target):
-                victim = pick_victim(self.policy, self.running)
+                victim = self._victim()
                 if self.running.index(victim) < i:  # already planned this step: give back
                     i -= 1
                     budget += self._preempt(victim, out)
@@ -201,6 +226,22 @@ class Scheduler:
             out.scheduled.append(ScheduledSequence(seq, 1, is_pad=True))
         return budget - num_pads
 
+    def _interactive_waiting(self) -> bool:
+        return self.interactive_priority and any(not s.is_batch for s in self.waiting)
+
+    def _victim(self) -> Sequence:
+        """The runner to preempt: a batch one first when interactive requests have priority."""
+        batch = [s for s in self.running if s.is_batch] if self.interactive_priority else []
+        return pick_victim(self.policy, batch or self.running)
+
+    def _next_waiting(self) -> Sequence:
+        """The policy's next waiting sequence; interactive ones first under priority."""
+        if self.interactive_priority:
+            interactive = [s for s in self.waiting if not s.is_batch]
+            if interactive:
+                return next_waiting(self.policy, interactive, self.ledger)
+        return next_waiting(self.policy, self.waiting, self.ledger)
+
     def _may_admit(self) -> bool:
         if self.policy in COHORT_POLICIES:
             if not self.running:
@@ -217,9 +258,13 @@ class Scheduler:
                 return "empty"
             if budget <= 0:
                 return "budget"
-            seq = next_waiting(self.policy, self.waiting, self.ledger)
-            if len(self.running) + len(self.padding) >= self.max_num_seqs:
+            seq = self._next_waiting()
+            if seq.is_batch and out.preempted and self.policy != "priority":
+                return "blocks"  # only interactive requests are admitted after a preemption
+            reserve_seqs = self.reserve_seqs if seq.is_batch else 0
+            if len(self.running) + len(self.padding) >= self.max_num_seqs - reserve_seqs:
                 if self._preempt_lower_priority(seq, out):
+                    budget = self.max_num_batched_tokens - sum(s.num_new_tokens for s in out.scheduled)
                     continue
                 return "slots"
             # a prompt to score is computed whole: cached blocks would skip its rows
@@ -227,12 +272,17 @@ class Scheduler:
             hits = bm.match_prefix(seq) if fresh and seq.prompt_logprobs is None else []
             computed = len(hits) * bm.block_size if hits else seq.num_computed_tokens
             remaining = seq.num_tokens - computed
+            room = budget - self.reserve_tokens if seq.is_batch else budget
+            if not self.enable_chunked_prefill and remaining > self.max_num_batched_tokens - self.reserve_tokens:
+                room = budget  # a whole prompt the reserve would never let in
+            if room <= 0:
+                return "budget"
             # Without chunked prefill a prompt waits for a step with room for all of it.
             # Longer ones are refused at add_request; a recompute after preemption that
             # has outgrown the budget is chunked, since no step could ever take it whole.
-            if not self.enable_chunked_prefill and budget < remaining <= self.max_num_batched_tokens:
+            if not self.enable_chunked_prefill and room < remaining <= self.max_num_batched_tokens:
                 return "budget"
-            num_new = min(remaining, budget)
+            num_new = min(remaining, room)
             revived = sum(1 for b in hits if bm.ref_counts[b] == 0)
             needed = bm.blocks_needed(computed + num_new) - len(hits) - len(seq.block_table)
             if needed + revived > bm.num_free_blocks:
@@ -254,7 +304,13 @@ class Scheduler:
             budget -= num_new
 
     def _preempt_lower_priority(self, incoming: Sequence, out: SchedulerOutput) -> bool:
-        """Priority policy: make room for ``incoming`` by preempting a lower-priority runner."""
+        """Priority policy: make room for ``incoming`` by preempting a lower-priority runner.
+        Interactive priority: an interactive ``incoming`` preempts a batch runner."""
+        batch = [s for s in self.running if s.is_batch]
+        if self.interactive_priority and not incoming.is_batch and batch:
+            # it stays first among the waiting batch sequences (interactive ones go first)
+            self._preempt(pick_victim(self.policy, batch), out)
+            return True
         if self.policy != "priority" or not self.running:
             return False
         victim = pick_victim(self.policy, self.running)

@@ -37,6 +37,8 @@ class Sequence:
     prompt: str | None = None
     priority: int = 0
     tenant: str | None = None
+    # "interactive" | "batch": the queue class the job came from (see Scheduler)
+    service_class: str = "interactive"
     generator: torch.Generator | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     token_ids: list[int] = field(default_factory=list)
@@ -64,6 +66,11 @@ class Sequence:
             self.logprobs = []
         if self.params.prompt_logprobs is not None:
             self.prompt_logprobs = [None]
+
+    @property
+    def is_batch(self) -> bool:
+        """True for a batch-class sequence (it yields to interactive ones)."""
+        return self.service_class == "batch"
 
     @property
     def num_tokens(self) -> int:

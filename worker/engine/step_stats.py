@@ -75,4 +75,7 @@ def step_stats(
         num_accepted_tokens=num_accepted,
         num_verify_tokens=plan.num_verify_tokens,
         num_pad_rows=plan.num_pad_rows,
+        num_running_interactive=sum(1 for s in scheduler.running if not s.is_batch),
+        num_waiting_interactive=sum(1 for s in scheduler.waiting if not s.is_batch),
+        num_interactive_tokens=sum(s.num_new_tokens for s in plan.scheduled if not s.seq.is_batch),
     )

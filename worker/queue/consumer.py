@@ -60,23 +60,26 @@ def read_new(
     consumer: str,
     count: int,
     block_ms: int | None = None,
+    streams: list[str] | None = None,
 ) -> list[Delivery]:
-    """Read at most ``count`` never-delivered entries, interactive before batch.
+    """Read at most ``count`` never-delivered entries, interactive before batch (of
+    ``streams`` only, when given).
 
     Without ``block_ms`` it never waits. With it, and nothing available at once, it waits up
     to ``block_ms`` for the first entry of any class (then returns at most one per class).
     """
     if count <= 0:
         return []
+    streams = streams if streams is not None else keys.streams
     out: list[Delivery] = []
-    for stream in keys.streams:
+    for stream in streams:
         want = count - len(out)
         if want <= 0:
             break
         out += _xreadgroup(redis_client, keys, consumer, {stream: ">"}, want, None)
     if out or not block_ms:
         return out
-    return _xreadgroup(redis_client, keys, consumer, {s: ">" for s in keys.streams}, 1, block_ms)
+    return _xreadgroup(redis_client, keys, consumer, {s: ">" for s in streams}, 1, block_ms)
 
 
 def own_pending(

@@ -53,6 +53,7 @@ class EngineLoop:
         self.worker_id = runtime.worker_id
         self.lock = threading.Lock()
         self._capacity = engine.admission_capacity()  # the intake's first read sees the room
+        self._interactive_room = engine.interactive_capacity()
         self._cancel_requests: set[str] = set()
         self.active: dict[str, HeldJob] = {}
         self.cancelling: set[str] = set()
@@ -75,6 +76,16 @@ class EngineLoop:
             if self.isolation_busy():
                 return 0
             return self._capacity + self.config.prefetch - len(self.inbox)
+
+    def want_interactive(self) -> int:
+        """How many interactive jobs the intake should read now, whatever batch work fills
+        the engine: interactive jobs go ahead of batch ones (``EngineArgs.interactive_*``),
+        so a batch backlog never keeps the interactive stream unread."""
+        with self.lock:
+            if self.isolation_busy():
+                return 0
+            return self._interactive_room - self.inbox.num_interactive()
+
 
     def add_cohort(self, held: list[HeldJob], *, alone: bool) -> None:
         """Run a cohort of suspects (redelivered after their worker died): ``alone`` with
@@ -125,6 +136,10 @@ class EngineLoop:
                 else self.engine.admission_capacity()
             )
             self._capacity = cap
+            self._interactive_room = (
+                0 if self.flags.draining.is_set() or self.isolation.waiting
+                else self.engine.interactive_capacity()
+            )
             wanted = cap + self.config.prefetch - len(self.inbox)
         # Wake the intake only when it has something to read: a wake-up on every step costs
         # the engine's matmuls a core's time slice on a small machine.
@@ -135,12 +150,16 @@ class EngineLoop:
         if not len(self.inbox):
             return
         with self.lock:
-            taken = self.inbox.take(self.engine.admission_capacity())
+            taken = self.inbox.take(self.engine.admission_capacity())  # interactive first
             for held in taken:
+                self._add(held)
+            # interactive jobs beyond the free slots: they go ahead of the batch work
+            for held in self.inbox.take(self.engine.interactive_capacity(), interactive_only=True):
                 self._add(held)
             # Not redundant with _publish_capacity: the step that runs before it can be
             # long, and until then want() must not count the admitted jobs as free room.
             self._capacity = self.engine.admission_capacity()
+            self._interactive_room = self.engine.interactive_capacity()
 
     def _admit_isolated(self) -> None:
         """Start the next group waiting to run alone once the engine is empty."""
@@ -168,6 +187,7 @@ class EngineLoop:
                 prompt=prep.prompt,
                 priority=msg.priority,
                 tenant=msg.tenant,
+                service_class=held.service_class,
             )
         except Exception as exc:
             self.results.failed(held, error_text(exc))

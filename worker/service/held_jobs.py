@@ -20,6 +20,11 @@ class HeldJob:
     received: float = field(default_factory=time.time)
     isolation: str | None = None  # why it runs isolated (kept with its result)
 
+    @property
+    def service_class(self) -> str:
+        """``interactive`` or ``batch``: the class of the stream it came from."""
+        return "interactive" if self.stream.endswith(":interactive") else "batch"
+
 
 class Registry:
     """Thread-safe map job id -> HeldJob (intake adds, writer removes after the ack)."""

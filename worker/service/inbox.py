@@ -23,10 +23,24 @@ class Inbox:
         with self._lock:
             self._jobs.extend(jobs)
 
-    def take(self, n: int) -> list[HeldJob]:
-        """Remove and return up to ``n`` jobs, oldest first."""
+    def take(self, n: int, *, interactive_only: bool = False) -> list[HeldJob]:
+        """Remove and return up to ``n`` jobs, interactive ones first, each class oldest
+        first (``interactive_only``: no batch job)."""
+        n = max(0, n)
         with self._lock:
-            return [self._jobs.popleft() for _ in range(min(n, len(self._jobs)))]
+            interactive = [h for h in self._jobs if h.service_class == "interactive"]
+            taken = interactive[:n]
+            if not interactive_only:
+                taken += [h for h in self._jobs if h.service_class != "interactive"][:n - len(taken)]
+            if taken:
+                ids = {id(h) for h in taken}
+                self._jobs = deque(h for h in self._jobs if id(h) not in ids)
+            return taken
+
+    def num_interactive(self) -> int:
+        """Interactive jobs waiting here."""
+        with self._lock:
+            return sum(1 for h in self._jobs if h.service_class == "interactive")
 
     def take_ids(self, job_ids: Collection[str]) -> list[HeldJob]:
         """Remove and return the waiting jobs with these ids (cancelled before admission)."""

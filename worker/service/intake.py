@@ -89,6 +89,19 @@ class Intake:
                 if backlog_due is not None and now >= backlog_due:
                     backlog_due = self._work_backlog(want)
                     continue
+                if want <= 0 and self.loop.want_interactive() > 0:
+                    # the engine is full (of batch work): still read the interactive stream
+                    got = read_new(
+                        redis_client=self.redis,
+                        keys=self.keys,
+                        consumer=self.consumer,
+                        count=self.loop.want_interactive(),
+                        block_ms=50,
+                        streams=[self.keys.stream("interactive")],
+                    )
+                    if got:
+                        self.accept(got)
+                    continue
                 if want <= 0:
                     self.want_changed.wait(0.05)
                     self.want_changed.clear()

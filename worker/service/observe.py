@@ -154,4 +154,7 @@ def trace_row(worker_id: str, s: Any) -> dict[str, Any]:
         "schedule_ms": s.schedule_seconds * 1000.0,
         "forward_ms": s.forward_seconds * 1000.0,
         "sample_ms": s.sample_seconds * 1000.0,
+        "num_running_interactive": getattr(s, "num_running_interactive", 0),
+        "num_waiting_interactive": getattr(s, "num_waiting_interactive", 0),
+        "num_interactive_tokens": getattr(s, "num_interactive_tokens", 0),
     }

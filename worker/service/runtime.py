@@ -50,6 +50,10 @@ class LoopDesk(Protocol):
         """How many more jobs to read now."""
         ...
 
+    def want_interactive(self) -> int:
+        """How many interactive jobs to read now, even when ``want()`` is 0."""
+        ...
+
     def add_cohort(self, held: list[HeldJob], *, alone: bool) -> None:
         """Run a cohort of suspects, ``alone`` or beside the batch."""
         ...

@@ -32,6 +32,8 @@ class WorkerActivity:
     step_at: datetime | None = None
     running: int | None = None  # batch size at the latest step
     waiting: int | None = None
+    running_interactive: int | None = None  # of them, interactive (None: not recorded)
+    waiting_interactive: int | None = None
     kv_used: int | None = None
     kv_total: int | None = None
     steps_per_s: float = 0.0
@@ -80,6 +82,8 @@ def worker_activity(
         if last is not None:
             act.step, act.step_at = last.step, last.time
             act.running, act.waiting = last.num_running, last.num_waiting
+            act.running_interactive = last.num_running_interactive
+            act.waiting_interactive = last.num_waiting_interactive
             act.kv_used, act.kv_total = last.kv_blocks_used, last.kv_blocks_total
             row = session.execute(
                 select(

@@ -31,3 +31,8 @@ class Iteration(Base):
     schedule_ms: Mapped[float] = mapped_column(Float)
     forward_ms: Mapped[float] = mapped_column(Float)
     sample_ms: Mapped[float] = mapped_column(Float)
+    # service classes (migration 0010; None on older rows): interactive sequences running
+    # and waiting after the step, and the rows they computed; the others were batch
+    num_running_interactive: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    num_waiting_interactive: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    num_interactive_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)

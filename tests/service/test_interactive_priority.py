@@ -1,0 +1,51 @@
+"""A worker whose engine is full of batch work still reads the interactive stream and
+serves an interactive job at once (issue 27: interactive work is never starved)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.service.conftest import REDIS_URL
+from tests.service.helpers import prompt_jobs, wait_for, worker_thread
+from worker.jobs.enqueue import enqueue
+from worker.service.config import WorkerConfig
+from worker.store.crud.jobs import get_job
+
+pytestmark = pytest.mark.services
+
+
+def _engine(config: WorkerConfig):
+    from worker.engine import EngineArgs, LLMEngine
+
+    class PacedEngine(LLMEngine):
+        def step(self):
+            time.sleep(0.01)  # the batch backlog takes seconds, an interactive job a few steps
+            return super().step()
+
+    return PacedEngine(EngineArgs(model="tiny-llama", max_num_seqs=8, num_kv_blocks=256,
+                                  max_model_len=256))
+
+
+def test_an_interactive_job_overtakes_a_batch_backlog(migrated_pg, session_factory, redis_client,
+                                                      keys) -> None:
+    config = WorkerConfig(
+        database_url=migrated_pg, redis_url=REDIS_URL, model="tiny-llama", prefix=keys.prefix,
+        name="classes", heartbeat_interval=0.3, reconcile_interval=3600,
+    )
+    batch = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys,
+                    jobs=prompt_jobs(40, max_tokens=60, tag="bulk"))
+
+    def status(job_id: str) -> str:
+        with session_factory() as s:
+            return get_job(session=s, job_id=job_id).status
+
+    with worker_thread(config, _engine):
+        wait_for(lambda: sum(status(j) == "running" for j in batch) >= 6, timeout=60,
+                 what="the batch backlog to fill the engine")
+        [urgent] = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys,
+                           jobs=prompt_jobs(1, max_tokens=4, cls="interactive", tag="urgent"))
+        wait_for(lambda: status(urgent) == "succeeded", timeout=30, what="the interactive job")
+        left = sum(status(j) != "succeeded" for j in batch)
+    assert left >= 20, f"the interactive job waited for the batch backlog ({left} batch jobs left)"

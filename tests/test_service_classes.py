@@ -1,0 +1,221 @@
+"""Interactive work is never starved by a batch backlog (issue 27): reserved slots and
+token budget, interactive-first admission, preemption of batch sequences, and the old
+behaviour with the feature off."""
+
+from __future__ import annotations
+
+import itertools
+
+from tests.conftest import prompt_token_lists
+from worker.engine import LLMEngine, SamplingParams
+from worker.engine.block_manager import BlockManager
+from worker.engine.outputs import RequestMetrics
+from worker.engine.scheduler import Scheduler
+from worker.engine.sequence import Sequence, SequenceStatus
+
+_clock = itertools.count()
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+def make_seq(prompt_len: int, max_tokens: int, service_class: str) -> Sequence:
+    n = next(_clock)
+    seq = Sequence(f"{service_class[0]}{n}", [1] * prompt_len, SamplingParams(max_tokens=max_tokens),
+                   RequestMetrics(arrival_time=float(n)), service_class=service_class)
+    seq.max_tokens = max_tokens
+    return seq
+
+
+def scheduler(*, seqs: int = 8, budget: int = 256, blocks: int = 256, reserve_seqs: int = 2,
+              reserve_tokens: int = 32, priority: bool = True) -> Scheduler:
+    return Scheduler(block_manager=BlockManager(blocks, 4), max_num_seqs=seqs, max_num_batched_tokens=budget,
+                     interactive_reserve_seqs=reserve_seqs, interactive_reserve_tokens=reserve_tokens,
+                     interactive_priority=priority)
+
+
+def sim_step(sched: Scheduler):
+    out = sched.schedule()
+    for s in out.scheduled:
+        s.seq.num_computed_tokens += s.num_new_tokens
+        if s.samples:
+            s.seq.append_token(7, None)
+            if s.seq.num_output_tokens >= s.seq.max_tokens:
+                sched.remove(s.seq)
+    return out
+
+
+def test_batch_admission_leaves_the_reserved_slots_and_tokens_free() -> None:
+    sched = scheduler(seqs=8, budget=64, reserve_seqs=2, reserve_tokens=16)
+    for _ in range(20):
+        sched.add(make_seq(40, 50, "batch"))
+    out = sim_step(sched)
+    assert sum(s.num_new_tokens for s in out.scheduled) <= 64 - 16  # prompt chunks leave the reserve
+    for _ in range(6):
+        sim_step(sched)
+    assert len(sched.running) == 6  # never the last two slots
+    urgent = make_seq(12, 3, "interactive")
+    sched.add(urgent)
+    out = sim_step(sched)
+    assert urgent.status is SequenceStatus.RUNNING and not out.preempted
+    assert any(s.seq is urgent for s in out.scheduled)
+
+
+def test_interactive_is_admitted_before_waiting_batch() -> None:
+    sched = scheduler(seqs=1, reserve_seqs=0, reserve_tokens=0)
+    batch = [make_seq(4, 2, "batch") for _ in range(3)]
+    urgent = make_seq(4, 2, "interactive")
+    for s in (*batch, urgent):
+        sched.add(s)
+    assert sim_step(sched).scheduled[0].seq is urgent
+
+
+def test_interactive_preempts_the_latest_batch_runner_when_slots_are_full() -> None:
+    sched = scheduler(seqs=4, reserve_seqs=0, reserve_tokens=0)
+    batch = [make_seq(4, 30, "batch") for _ in range(4)]
+    for s in batch:
+        sched.add(s)
+    sim_step(sched)
+    urgent = make_seq(4, 3, "interactive")
+    sched.add(urgent)
+    out = sim_step(sched)
+    assert urgent.status is SequenceStatus.RUNNING
+    assert out.preempted == [batch[-1]]
+
+
+def test_feature_off_keeps_fcfs() -> None:
+    sched = scheduler(seqs=1, reserve_seqs=0, reserve_tokens=0, priority=False)
+    batch = [make_seq(4, 2, "batch") for _ in range(2)]
+    urgent = make_seq(4, 2, "interactive")
+    for s in (*batch, urgent):
+        sched.add(s)
+    order: list[str] = []
+    while sched.has_unfinished():
+        out = sim_step(sched)
+        assert not out.preempted
+        order += [s.seq.request_id for s in out.scheduled if s.seq.request_id not in order]
+    assert order == [batch[0].request_id, batch[1].request_id, urgent.request_id]
+
+
+def _run(engine: LLMEngine, until: set[str] | None = None) -> dict[str, list[int]]:
+    done: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step()[0]:
+            if o.finished:
+                done[o.request_id] = o.token_ids
+    return done
+
+
+def test_interactive_starts_within_one_step_behind_forty_batch_requests() -> None:
+    engine = LLMEngine(model="tiny-llama", num_kv_blocks=1024, max_num_seqs=8,
+                       interactive_reserve_seqs=2, interactive_reserve_tokens=64)
+    prompts = prompt_token_lists(engine.tokenizer, 41, seed=3, lo=8, hi=40)
+    for i, p in enumerate(prompts[:40]):
+        engine.add_request(f"b{i}", p, greedy(12), service_class="batch")
+    for _ in range(5):
+        engine.step()
+    assert len(engine.scheduler.running) == 6 and len(engine.scheduler.waiting) == 34
+    engine.add_request("i", prompts[40], greedy(6), service_class="interactive")
+    outputs, stats = engine.step()
+    first = [o for o in outputs if o.request_id == "i"]
+    assert first and len(first[0].token_ids) == 1
+    assert (stats.num_running_interactive, stats.num_waiting_interactive) == (1, 0)
+    assert stats.num_interactive_tokens == len(prompts[40])  # the trace row's class counts
+    done = _run(engine)
+    alone = LLMEngine(model="tiny-llama", num_kv_blocks=1024, max_num_seqs=8)
+    alone.add_request("i", prompts[40], greedy(6))
+    alone.add_request("b0", prompts[0], greedy(12))
+    ref = _run(alone)
+    assert done["i"] == ref["i"] and done["b0"] == ref["b0"]  # greedy outputs unchanged
+
+
+def test_interactive_preempts_batch_when_the_kv_pool_is_full() -> None:
+    args = dict(model="tiny-llama", block_size=16, num_kv_blocks=8, max_num_seqs=8,
+                interactive_reserve_seqs=0, interactive_reserve_tokens=0)
+    engine = LLMEngine(**args)  # type: ignore[arg-type]
+    prompts = prompt_token_lists(engine.tokenizer, 5, seed=11, lo=20, hi=28)
+    for i, p in enumerate(prompts[:4]):
+        engine.add_request(f"b{i}", p, greedy(20), service_class="batch")  # 2 blocks each
+    engine.step()
+    engine.step()
+    assert engine.block_manager.num_free_blocks == 0 and len(engine.scheduler.running) == 4
+    engine.add_request("i", prompts[4], greedy(4), service_class="interactive")
+    outputs, stats = engine.step()
+    assert stats.num_preemptions >= 1
+    assert any(o.request_id == "i" and len(o.token_ids) == 1 for o in outputs)
+    assert engine.requests["b3"].metrics.num_preemptions >= 1  # the latest batch one gave way
+    done = _run(engine)
+    for i in range(4):
+        alone = LLMEngine(model="tiny-llama", num_kv_blocks=64)
+        alone.add_request(f"b{i}", prompts[i], greedy(20))
+        assert _run(alone)[f"b{i}"] == done[f"b{i}"]
+
+
+def test_feature_off_engine_matches_the_old_schedule() -> None:
+    off = dict(interactive_reserve_seqs=0, interactive_reserve_tokens=0, interactive_priority=False)
+    engine = LLMEngine(model="tiny-llama", num_kv_blocks=256, max_num_seqs=2, **off)  # type: ignore[arg-type]
+    prompts = prompt_token_lists(engine.tokenizer, 4, seed=7, lo=6, hi=20)
+    for i, p in enumerate(prompts[:3]):
+        engine.add_request(f"b{i}", p, greedy(5), service_class="batch")
+    engine.step()
+    engine.add_request("i", prompts[3], greedy(5), service_class="interactive")
+    order: list[str] = []
+    while engine.has_unfinished_requests():
+        outputs, stats = engine.step()
+        assert stats.num_preemptions == 0
+        order += [o.request_id for o in outputs if o.finished]
+    assert order[-1] == "i"  # it waited behind the batch ones, as before
+
+
+def test_inbox_hands_out_interactive_jobs_first() -> None:
+    from worker.service.held_jobs import HeldJob
+    from worker.service.inbox import Inbox
+
+    def held(i: int, cls: str) -> HeldJob:
+        return HeldJob(job_id=f"j{i}", stream=f"inflight:jobs:{cls}", entry_id=f"{i}-0",
+                       delivery=None)  # type: ignore[arg-type]
+
+    inbox = Inbox()
+    inbox.put([held(0, "batch"), held(1, "batch"), held(2, "interactive"), held(3, "batch")])
+    assert inbox.num_interactive() == 1
+    assert inbox.take(0, interactive_only=True) == []
+    assert [h.job_id for h in inbox.take(2)] == ["j2", "j0"]
+    assert inbox.take(5, interactive_only=True) == []
+    assert [h.job_id for h in inbox.take(5)] == ["j1", "j3"]
+
+
+def test_top_shows_running_and_waiting_per_class() -> None:
+    from types import SimpleNamespace
+
+    from worker.cli.top_cmd import format_workers
+
+    w = SimpleNamespace(id="w1", status="running", alive=True, heartbeat_age_s=0.5, step=9,
+                        running=8, waiting=30, kv_use=0.5, tokens_per_s=1.0,
+                        decode_tokens_per_s=1.0, jobs_per_s=0.1, model="tiny-llama",
+                        running_interactive=2, waiting_interactive=1)
+    header, row = format_workers([w])
+    assert "INTER" in header and "BATCH R/W" in header
+    assert row.split()[-3:] == ["2/1", "6/29", "tiny-llama"]
+
+
+def test_a_whole_batch_prompt_longer_than_the_unreserved_budget_still_runs() -> None:
+    sched = Scheduler(block_manager=BlockManager(256, 4), max_num_seqs=8, max_num_batched_tokens=64,
+                      enable_chunked_prefill=False, interactive_reserve_seqs=2,
+                      interactive_reserve_tokens=16, interactive_priority=True)
+    long = make_seq(60, 2, "batch")  # more than 64 - 16: the reserve would never let it in
+    sched.add(long)
+    out = sim_step(sched)
+    assert [(s.seq, s.num_new_tokens) for s in out.scheduled] == [(long, 60)]
+
+
+def test_capacities_leave_the_reserve_to_interactive_jobs() -> None:
+    engine = LLMEngine(model="tiny-llama", num_kv_blocks=256, max_num_seqs=8, interactive_reserve_seqs=2)
+    assert (engine.admission_capacity(), engine.interactive_capacity()) == (6, 8)
+    for i in range(10):
+        engine.add_request(f"b{i}", [5, 6, 7], greedy(20), service_class="batch")
+    engine.step()
+    assert len(engine.scheduler.running) == 6
+    assert (engine.admission_capacity(), engine.interactive_capacity()) == (0, 8)
+    engine.add_request("i", [5, 6, 7], greedy(2), service_class="interactive")
+    assert engine.interactive_capacity() == 7
