@@ -86,7 +86,6 @@ class EngineLoop:
                 return 0
             return self._interactive_room - self.inbox.num_interactive()
 
-
     def add_cohort(self, held: list[HeldJob], *, alone: bool) -> None:
         """Run a cohort of suspects (redelivered after their worker died): ``alone`` with
         nothing else in the engine, else beside the normal batch."""
