@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.grammar_check import GrammarChecker
 from api.settings import Settings
 from api.storage import Storage
+from worker.engine.grammar_service import GrammarService
 from worker.queue.keys import QueueKeys
 
 
@@ -38,10 +39,12 @@ class Context:
         self.redis.close()
         self.grammar.close()
 
-    def check_structured(self, spec: dict[str, object] | None) -> None:
-        """400 unless the grammar library compiles the constraint (see grammar_check)."""
+    def check_structured(self, spec: dict[str, object] | None, *, patient: bool = False) -> None:
+        """400 unless the grammar library compiles the constraint within the bound, 503
+        when every compile slot stays busy (see grammar_check); ``patient``: a batch
+        expansion, which waits for a slot instead."""
         if self.settings.grammar_check:
-            self.grammar.check(spec)
+            self.grammar.check(spec, patient=patient)
 
 
 def make_context(settings: Settings) -> Context:
@@ -60,4 +63,8 @@ def make_context(settings: Settings) -> Context:
         read_session_factory=make_session_factory(
             engine=engine.execution_options(isolation_level="AUTOCOMMIT")
         ),
+        grammar=GrammarChecker(GrammarService(
+            timeout_s=settings.grammar_timeout, max_concurrent=settings.grammar_concurrency,
+            wait_s=settings.grammar_wait,
+        )),
     )

@@ -69,6 +69,11 @@ class Settings:
     webhook_allow_hosts: tuple[str, ...] = ()
     webhook_total_timeout: float = 10.0  # one delivery, connect to last byte
     grammar_check: bool = True  # compile structured-output constraints at submission
+    # one submission compile (a slower constraint is a 400 grammar_too_complex), helper
+    # processes compiling at once, and how long a check waits for one (then 503)
+    grammar_timeout: float = 5.0
+    grammar_concurrency: int = 2
+    grammar_wait: float = 1.0
     # POST /v1/chat/completions and /v1/completions: longest wait for the job (then 504
     # and the job is cancelled, unless the request detached it)
     completion_timeout: float = 600.0
@@ -110,6 +115,9 @@ class Settings:
             ),
             webhook_total_timeout=_env_float("INFLIGHT_WEBHOOK_TOTAL_TIMEOUT", 10.0),
             grammar_check=_env_bool("INFLIGHT_GRAMMAR_CHECK", True),
+            grammar_timeout=_env_float("INFLIGHT_GRAMMAR_TIMEOUT", 5.0),
+            grammar_concurrency=_env_int("INFLIGHT_GRAMMAR_CONCURRENCY", 2),
+            grammar_wait=_env_float("INFLIGHT_GRAMMAR_WAIT", 1.0),
             completion_timeout=_env_float("INFLIGHT_COMPLETION_TIMEOUT", 600.0),
         )
         for name, value in overrides.items():

@@ -211,7 +211,7 @@ def _take_line(
             max_tokens_limit=ctx.settings.max_tokens_limit,
             max_model_len=ctx.settings.max_model_len,
         )
-        ctx.check_structured(req.params.structured)
+        ctx.check_structured(req.params.structured, patient=True)
     except RequestParseError as exc:
         chunk.errors.append(
             (

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from worker.cli.engine_flags import add_engine_flags, engine_kwargs_from
+from worker.engine.grammar_service import DEFAULT_TIMEOUT_S
 from worker.service.config import WorkerConfig
 
 
@@ -49,6 +51,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--worker-timeout", type=float, default=30.0)
     q.add_argument("--trim-interval", type=float, default=30.0)
     q.add_argument("--drain-timeout", type=float, default=30.0)
+    q.add_argument("--grammar-timeout", type=float, default=None,
+                   help="seconds one structured-output grammar may take to compile before its "
+                   "job fails (default INFLIGHT_GRAMMAR_TIMEOUT, else 5)")
     q.add_argument("--no-traces", action="store_true", help="do not write the iterations table")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
@@ -77,6 +82,8 @@ def config_from_args(args: argparse.Namespace):
         worker_timeout=args.worker_timeout,
         trim_interval=args.trim_interval,
         drain_timeout=args.drain_timeout,
+        grammar_timeout=(args.grammar_timeout if args.grammar_timeout is not None
+                         else float(os.environ.get("INFLIGHT_GRAMMAR_TIMEOUT") or DEFAULT_TIMEOUT_S)),
         write_traces=not args.no_traces,
     )
 

@@ -109,11 +109,14 @@ class LLMEngine:
         tenant: str | None = None,
         arrival_time: float | None = None,
         service_class: str = "interactive",
+        grammar: Any | None = None,
     ) -> None:
         """Queue a request; refuse at once (InvalidRequestError) one that could never be
         scheduled (see ``request_validation``). ``service_class`` is the queue class:
         "interactive" (the default, as for in-process callers) or "batch", which yields to
-        interactive requests (``EngineArgs.interactive_*``)."""
+        interactive requests (``EngineArgs.interactive_*``). ``grammar``: the
+        structured-output grammar compiled already (``self.grammars.compiled``, off this
+        thread); None compiles it here, from the cache when it is there."""
         if request_id in self.tracker:
             raise InvalidRequestError(f"request id {request_id!r} is already in the engine")
         if service_class not in SERVICE_CLASSES:
@@ -125,7 +128,7 @@ class LLMEngine:
         )
         seq.service_class = service_class
         if seq.params.structured is not None:
-            seq.grammar = self.grammars.grammar_for(seq.params.structured)
+            seq.grammar = self.grammars.grammar_for(seq.params.structured, grammar)
         self.tracker.add(seq)
         self.scheduler.add(seq)
 

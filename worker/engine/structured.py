@@ -55,18 +55,36 @@ class Grammars:
         self.eos_token_ids = sorted(eos_token_ids)
 
     @functools.cached_property
+    def _info(self) -> Any:
+        import xgrammar as xgr
+
+        return xgr.TokenizerInfo.from_huggingface(
+            self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.eos_token_ids
+        )
+
+    @functools.cached_property
     def _compiler(self) -> Any:
         import xgrammar as xgr
 
-        info = xgr.TokenizerInfo.from_huggingface(
-            self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.eos_token_ids
-        )
-        return xgr.GrammarCompiler(info, max_threads=1)
+        return xgr.GrammarCompiler(self._info, max_threads=1)
 
-    def grammar_for(self, spec: dict[str, Any]) -> Grammar:
+    def grammar_for(self, spec: dict[str, Any], compiled: Any | None = None) -> Grammar:
         """A fresh matcher for ``spec`` (normalized, see ``worker.protocol.structured_output``);
-        InvalidRequestError with the library's reason when it cannot be compiled."""
-        return Grammar(self._compiled(json.dumps(spec, sort_keys=True)))
+        InvalidRequestError with the library's reason when it cannot be compiled.
+        ``compiled``: the grammar compiled already (:meth:`compiled`, by the worker's intake
+        after a bounded check), so this thread compiles nothing."""
+        return Grammar(compiled if compiled is not None else self.compiled(spec))
+
+    def compiled(self, spec: dict[str, Any]) -> Any:
+        """The compiled grammar of ``spec`` (cached); InvalidRequestError when the library
+        refuses it. Not time-bounded by itself: the worker calls it off the engine thread,
+        only for a spec ``worker.engine.grammar_service`` compiled within its bound."""
+        return self._compiled(json.dumps(spec, sort_keys=True))
+
+    def tokenizer_info_json(self) -> str:
+        """The vocabulary as xgrammar sees it (``TokenizerInfo.serialize_json``), for the
+        grammar helper process to compile against the same tokens."""
+        return str(self._info.serialize_json())
 
     @functools.lru_cache(maxsize=CACHE_SIZE)  # noqa: B019 (one engine, one cache)
     def _compiled(self, key: str) -> Any:
@@ -75,7 +93,7 @@ class Grammars:
         try:
             return self._compiler.compile_grammar(grammar)
         except (RuntimeError, ValueError) as exc:
-            raise _refused(spec, exc) from None
+            raise refused(spec, exc) from None
 
 
 def grammar_of(spec: dict[str, Any]) -> Any:
@@ -95,11 +113,11 @@ def grammar_of(spec: dict[str, Any]) -> Any:
         if kind == "choice":
             return xgr.Grammar.from_regex(choice_pattern(spec["choices"]))
     except (RuntimeError, ValueError) as exc:
-        raise _refused(spec, exc) from None
+        raise refused(spec, exc) from None
     raise InvalidRequestError(f"unknown structured output type {kind!r}", param=param_of(spec))
 
 
-def _refused(spec: dict[str, Any], exc: Exception) -> InvalidRequestError:
+def refused(spec: dict[str, Any], exc: Exception) -> InvalidRequestError:
     param = param_of(spec)
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     reason = _LIBRARY_PREFIX.sub("", reason)  # "[hh:mm:ss] source.cc:94: " of its log lines

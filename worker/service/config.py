@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.engine.grammar_service import DEFAULT_TIMEOUT_S
+
 
 @dataclass
 class WorkerConfig:
@@ -35,3 +37,6 @@ class WorkerConfig:
     drain_timeout: float = 30.0  # SIGTERM: finish in-flight work for at most this long
     write_traces: bool = True
     max_unwritten: int = 10_000  # stop reading while this many results wait for the store
+    # one structured-output grammar compile, in the intake's helper process; a job whose
+    # grammar takes longer fails alone (worker.service.grammars)
+    grammar_timeout: float = DEFAULT_TIMEOUT_S

@@ -177,6 +177,10 @@ class EngineLoop:
     def _add(self, held: HeldJob) -> None:
         msg = held.delivery.message
         assert msg is not None
+        if held.grammar_error is not None:  # the intake's bounded compile refused it
+            self.results.failed(held, held.grammar_error)
+            return
+        grammar = {"grammar": held.grammar} if held.grammar is not None else {}
         try:
             prep = prepare(engine=self.engine, stored=msg.body)
             self.engine.add_request(
@@ -187,6 +191,7 @@ class EngineLoop:
                 priority=msg.priority,
                 tenant=msg.tenant,
                 service_class=held.service_class,
+                **grammar,  # compiled by the intake: nothing compiles on this thread
             )
         except Exception as exc:
             self.results.failed(held, error_text(exc))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from worker.queue.delivery import Delivery
 
@@ -19,6 +20,10 @@ class HeldJob:
     delivery: Delivery
     received: float = field(default_factory=time.time)
     isolation: str | None = None  # why it runs isolated (kept with its result)
+    # structured output, compiled by the intake (worker.service.grammars): the compiled
+    # grammar for engine.add_request, or why the job fails without reaching the engine
+    grammar: Any = None
+    grammar_error: str | None = None
 
     @property
     def service_class(self) -> str:

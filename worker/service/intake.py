@@ -22,6 +22,7 @@ from worker.queue.consumer import own_pending, read_new, redeliver, touch
 from worker.queue.dead_letter import over_limit
 from worker.queue.delivery import Delivery
 from worker.queue.suspects import choose_cohort, open_runs, read_evidence
+from worker.service.grammars import WorkerGrammars
 from worker.service.held_jobs import HeldJob
 from worker.service.retry import retry
 from worker.service.runtime import LoopDesk, WorkerRuntime
@@ -35,13 +36,17 @@ class Intake:
     """The intake thread. The engine loop says how many jobs it wants (``loop.want()``);
     intake puts HeldJobs in the runtime's ``inbox`` and sets ``work_ready``."""
 
-    def __init__(self, *, runtime: WorkerRuntime, writer: OutputWriter, loop: LoopDesk) -> None:
+    def __init__(
+        self, *, runtime: WorkerRuntime, writer: OutputWriter, loop: LoopDesk,
+        grammars: WorkerGrammars | None = None,
+    ) -> None:
         rt = runtime
         self.config, self.flags, self.registry, self.inbox = rt.config, rt.flags, rt.registry, rt.inbox
         self.session_factory, self.redis, self.keys = rt.session_factory, rt.redis, rt.keys
         self.consumer, self.worker_id = rt.consumer, rt.worker_id
         self.work_ready, self.want_changed = rt.work_ready, rt.want_changed
         self.writer, self.loop = writer, loop
+        self.grammars = grammars  # structured output compiled here, bounded, before the inbox
         self._cohort: set[str] = set()  # job ids of the suspect cohort running now
         self.received = 0
         self.skipped = 0
@@ -251,6 +256,8 @@ class Intake:
         if skip:
             self.skipped += len(skip)
             self.writer.put(AckOnly([(d.stream, d.entry_id, d.job_id) for d in skip]))
+        if held and self.grammars is not None:
+            self.grammars.prepare(held)  # off the engine thread, outside the loop's lock
         if held and cohort_alone is not None:
             self.loop.add_cohort(held, alone=cohort_alone)
         elif held:

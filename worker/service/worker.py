@@ -22,6 +22,7 @@ from worker.service.engine_api import EngineAPI
 from worker.service.engine_health import EngineBroken
 from worker.service.engine_loop import EngineLoop
 from worker.service.flags import Flags
+from worker.service.grammars import WorkerGrammars
 from worker.service.intake import Intake
 from worker.service.maintenance import Maintenance
 from worker.service.model_info import describe_engine
@@ -155,7 +156,8 @@ class Worker:
         )
         self.loop = loop
         observer.attach(loop.counters)
-        intake = Intake(runtime=rt, writer=writer, loop=loop)
+        grammars = WorkerGrammars.for_engine(engine, timeout_s=c.grammar_timeout)
+        intake = Intake(runtime=rt, writer=writer, loop=loop, grammars=grammars)
         maintenance = Maintenance(runtime=rt, lock_token=token, on_cancel=loop.request_cancel)
         writer.start()
         maintenance.start()
@@ -177,6 +179,7 @@ class Worker:
             if not self.flags.stop_now.is_set() and not writer.close(timeout=c.drain_timeout + 30):
                 log.warning("writer did not finish; unwritten jobs stay pending in Redis")
             loop.deltas.close()
+            grammars.close()
             maintenance.close()
             observer.detach()
             if self.flags.stop_now.is_set():
