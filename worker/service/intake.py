@@ -94,7 +94,7 @@ class Intake:
                 if backlog_due is not None and now >= backlog_due:
                     backlog_due = self._work_backlog(want)
                     continue
-                if want <= 0 and self.loop.want_interactive() > 0:
+                if want <= 0 and self.writer.unwritten <= c.max_unwritten and self.loop.want_interactive() > 0:
                     # the engine is full (of batch work): still read the interactive stream
                     got = read_new(
                         redis_client=self.redis,
