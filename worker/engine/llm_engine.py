@@ -172,7 +172,6 @@ class LLMEngine:
         present = len(waiting) + sum(1 for s in sched.running if not s.is_batch)
         return max(0, sched.max_num_seqs - present)
 
-
     # -- the step ---------------------------------------------------------------------
     def step(self) -> tuple[list[RequestOutput], StepStats]:
         """Schedule, execute, update: one forward pass, its tokens, what finished."""
