@@ -98,9 +98,6 @@ def test_an_ignored_window_would_be_caught(arch: str, monkeypatch) -> None:
         return dataclasses.replace(read, layer_windows=(0,) * read.num_layers)
 
     monkeypatch.setattr(registry, "arch_spec", unwindowed)
-    from worker.engine import model_runner
-
-    monkeypatch.setattr(model_runner, "arch_spec", unwindowed)
     engine = LLMEngine(model=spec, num_kv_blocks=64, max_num_seqs=6)
     assert not any(engine.runner.spec.layer_windows)
     prompts = family_prompts(engine.tokenizer)[:4]
@@ -140,5 +137,3 @@ def test_spec_reads_each_family_as_its_real_config_says() -> None:
     assert [r is None for r in smollm3.layer_rope[:4]] == [False, False, False, True]
     qwen3moe = spec_of("qwen3moe")
     assert qwen3moe.moe is not None and qwen3moe.moe.sparse_layers == frozenset(range(48))
-    mixed = dataclasses.replace
-    assert mixed(qwen3moe, layer_windows=(0,)).max_window == 0

@@ -25,7 +25,7 @@ from worker.engine.config import (
 from worker.engine.decode_graphs import DecodeGraphs
 from worker.engine.models.cpu_linear import onednn_available, pack_linears
 from worker.engine.models.loader import load_checkpoint
-from worker.engine.models.registry import arch_spec, build_model
+from worker.engine.models.registry import build_model
 from worker.engine.models.spec import ArchSpec
 from worker.engine.models.weights import load_weights
 from worker.engine.step_plan import SchedulerOutput
@@ -122,7 +122,6 @@ class ModelRunner:
         checkpoint = load_checkpoint(args.model)
         self.tokenizer = checkpoint.tokenizer
         self.config = config = checkpoint.config
-        self.spec = arch_spec(config)
         self.dtype = resolve_dtype(args.dtype, device, checkpoint.torch_dtype)
         slow = slow_reduced_precision(self.dtype, device)
         if slow:
@@ -130,6 +129,7 @@ class ModelRunner:
         self.max_model_len = min(args.max_model_len or config.max_position_embeddings,
                                  config.max_position_embeddings)
         model = build_model(config, self.max_model_len, device, self.dtype)
+        self.spec = model.spec
         load_weights(model, checkpoint.tensors())
         del checkpoint
         self.model = model

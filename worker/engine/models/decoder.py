@@ -45,11 +45,9 @@ class PackedCausalLM(nn.Module):
 
     def init_rope(self, max_positions: int, device: torch.device) -> None:
         """Compute each rotary table ``[max_positions, R]`` (fp32) on ``device``."""
-        per_type = isinstance(getattr(self.config, "rope_parameters", None), dict) and any(
-            isinstance(v, dict) for v in self.config.rope_parameters.values())
         self.rope_tables = {}
         for key, rope in self.spec.ropes.items():
-            cos, sin = rope_table(self.config, rope, max_positions, key if per_type else None)
+            cos, sin = rope_table(self.config, rope, max_positions)
             self.rope_tables[key] = (cos.to(device), sin.to(device))
 
     def forward(

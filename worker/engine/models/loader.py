@@ -157,11 +157,9 @@ def _read_config(where: Path | str) -> Any:
         declared = json.loads((Path(where) / "config.json").read_text(encoding="utf-8")).get("model_type")
         if declared is None or ("Unrecognized model" not in str(exc) and "does not recognize" not in str(exc)):
             raise
-        from worker.engine.models.registry import SUPPORTED_MODEL_TYPES, UnsupportedModelError
+        from worker.engine.models.registry import unsupported
 
-        raise UnsupportedModelError(
-            f"model type {declared!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        ) from exc
+        raise unsupported(declared) from exc
 
 
 def _safetensors_files(directory: Path) -> list[Path]:

@@ -37,13 +37,18 @@ class UnsupportedModelError(InvalidRequestError):
     """The checkpoint's architecture is not one this engine runs."""
 
 
+def unsupported(model_type: object) -> UnsupportedModelError:
+    """The error for a ``model_type`` no family reads: it names itself and the supported list."""
+    return UnsupportedModelError(
+        f"model type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+
+
 def arch_spec(config) -> ArchSpec:
     """The ArchSpec of ``config``; an unknown ``model_type`` is refused by name."""
     model_type = getattr(config, "model_type", None)
     family = FAMILIES.get(str(model_type))
     if family is None:
-        raise UnsupportedModelError(
-            f"model type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        raise unsupported(model_type)
     return family(config)
 
 

@@ -14,8 +14,7 @@ from worker.engine.models.spec import RopeSpec
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
-def rope_table(config, rope: RopeSpec, max_positions: int,
-               layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_table(config, rope: RopeSpec, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin ``[max_positions, rotary_dim]`` of one rotary table.
 
     ``longrope`` (Phi-3/4) has a short and a long factor: positions below the config's
@@ -36,7 +35,7 @@ def rope_table(config, rope: RopeSpec, max_positions: int,
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     init = ROPE_INIT_FUNCTIONS[rope_type]
-    kwargs = {"layer_type": layer_type} if layer_type is not None else {}
+    kwargs = {"layer_type": rope.layer_type} if rope.layer_type is not None else {}
     inv_freq, scaling = init(config, None, **kwargs)
     cos, sin = _cos_sin(positions, inv_freq, scaling)
     if rope_type == "longrope":

@@ -8,7 +8,7 @@ window layout, rope per layer, embedding and residual scales, the MoE block.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 Layout = Literal["pre", "sandwich", "post"]
@@ -37,10 +37,12 @@ class MoESpec:
 @dataclass(frozen=True)
 class RopeSpec:
     """One rotary table: the transformers ``rope_parameters`` dict it is built from (with
-    ``rope_theta``) and how many leading dimensions of each head it rotates."""
+    ``rope_theta``), how many leading dimensions of each head it rotates, and the layer type
+    transformers keys it by where a config has one table per layer type (Gemma 3)."""
 
     parameters: dict[str, Any]
     rotary_dim: int
+    layer_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,6 @@ class ArchSpec:
     final_softcap: float = 0.0
     logits_divisor: float = 1.0
     moe: MoESpec | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def q_size(self) -> int:

@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from worker.engine.models.decoder import PackedCausalLM
 from worker.engine.models.layers import MoE, RMSNorm
@@ -72,8 +71,8 @@ def weight_targets(model: PackedCausalLM) -> dict[str, Target]:
     for name, param in params.items():
         if name.startswith("layers.") and (".qkv_proj." in name or ".gate_up_proj." in name):
             targets.update(_fused_targets(name, param, model))
-        elif name.endswith(("_proj.weight", "_proj.bias", "gate.weight")) and ".experts" not in name:
-            targets.setdefault(_hf_prefix(name), Target(name, param))
+        elif name.endswith(("_proj.weight", "_proj.bias", "gate.weight")):
+            targets[_hf_prefix(name)] = Target(name, param)
     targets["model.embed_tokens.weight"] = Target("embed_tokens.weight", model.embed_tokens.weight)
     if not model.spec.tie_word_embeddings:
         targets["lm_head.weight"] = Target("lm_head.weight", model.lm_head.weight)
@@ -123,7 +122,8 @@ def _moe_targets(name: str, hf: str, moe: MoE) -> dict[str, Target]:
 def load_weights(model: PackedCausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Copy each ``(hf_name, tensor)`` into the model, converting dtype and device on the
     way; raises :class:`CheckpointMismatchError` on an unknown, misshapen or missing tensor.
-    Tied embeddings share one parameter with the head."""
+    A tied head is the embedding's parameter already (``build_model``): its tensor, which
+    some checkpoints carry anyway, is skipped."""
     targets = weight_targets(model)
     filled: dict[str, int] = {}  # parameter name -> elements written
     for raw_name, tensor in tensors:
@@ -145,15 +145,12 @@ def load_weights(model: PackedCausalLM, tensors: Iterable[tuple[str, torch.Tenso
         region.copy_(tensor)
         filled[target.param_name] = filled.get(target.param_name, 0) + tensor.numel()
     _check_complete(model, targets, filled)
-    if model.spec.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
 
 
-def _check_complete(model: nn.Module, targets: dict[str, Target], filled: dict[str, int]) -> None:
-    """Raise naming the first checkpoint tensor a parameter still waits for."""
+def _check_complete(model: PackedCausalLM, targets: dict[str, Target], filled: dict[str, int]) -> None:
+    """Raise naming the first checkpoint tensor a parameter still waits for (a tied head
+    is listed once, as the embedding)."""
     for name, param in model.named_parameters():
-        if name == "lm_head.weight" and getattr(model, "spec").tie_word_embeddings:  # noqa: B009
-            continue
         if filled.get(name, 0) < param.numel():
             wanted = [hf for hf, t in targets.items() if t.param_name == name]
             unfused = [hf for hf in wanted if targets[hf].index] or wanted

@@ -26,6 +26,6 @@ def gemma2(config) -> ArchSpec:
 def gemma3(config) -> ArchSpec:
     head_dim = head_dim_of(config)
     types = tuple(config.layer_types)
-    ropes = {t: RopeSpec(rope_parameters(config, t), head_dim) for t in sorted(set(types))}
+    ropes = {t: RopeSpec(rope_parameters(config, t), head_dim, layer_type=t) for t in sorted(set(types))}
     return base_spec(config, "gemma3", qk_norm="head", layer_rope=types, ropes=ropes,
                      **_gemma_common(config))
