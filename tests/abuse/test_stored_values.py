@@ -15,37 +15,16 @@ from typing import Any
 
 import pytest
 
-from tests.api.conftest import REDIS_URL, ApiEnv, jsonl, wait_expanded
+from tests.api.conftest import ApiEnv, jsonl, tiny_worker, wait_expanded
 from tests.service.helpers import wait_for
 
 pytestmark = pytest.mark.services
 
-ENGINE = {"model": "tiny-llama", "max_num_seqs": 8, "num_kv_blocks": 128, "max_model_len": 256,
-          "attention_backend": "torch", "prepack_weights": False}
-
-
 @pytest.fixture
 def worker(env: ApiEnv) -> Iterator[Any]:
-    """An in-process worker on the tiny model, serving ``env``'s queues."""
-    from worker.service.config import WorkerConfig
-    from worker.service.worker import Worker
-
-    def engine_factory(_config: WorkerConfig) -> Any:
-        from worker.engine import EngineArgs, LLMEngine
-
-        return LLMEngine(EngineArgs(**ENGINE))
-
-    config = WorkerConfig(
-        database_url=env.settings.database_url, redis_url=REDIS_URL, model="tiny-llama",
-        prefix=env.ctx.keys.prefix, name="stored-values", heartbeat_interval=0.3,
-        cancel_poll_interval=0.05, reconcile_interval=3600,
-    )
-    w = Worker(config, engine_factory=engine_factory, install_signals=False)
-    t = threading.Thread(target=w.run, daemon=True)
-    t.start()
-    yield w
-    w.stop()
-    t.join(60)
+    with tiny_worker(env, "stored-values", max_num_seqs=8, num_kv_blocks=128, max_model_len=256,
+                     attention_backend="torch", prepack_weights=False) as w:
+        yield w
 
 
 def _wait_job(env: ApiEnv, headers: dict[str, str], job_id: str) -> dict[str, Any]:

@@ -144,3 +144,37 @@ def wait_expanded(env: ApiEnv, headers: dict[str, str], batch_id: str, timeout: 
     r = env.client.get(f"/v1/batches/{batch_id}", headers=headers)
     assert r.status_code == 200, r.text
     return r.json()
+
+
+TINY_ENGINE: dict[str, Any] = {"model": "tiny-llama", "max_num_seqs": 32, "num_kv_blocks": 256,
+                               "max_model_len": 512}
+
+
+@contextlib.contextmanager
+def tiny_worker(env: ApiEnv, name: str, **engine: Any) -> Iterator[Any]:
+    """An in-process worker on the tiny model serving ``env``'s queues, stopped on exit;
+    ``engine`` overrides TINY_ENGINE's arguments."""
+    pytest.importorskip("torch")
+    import threading
+
+    from worker.service.config import WorkerConfig
+    from worker.service.worker import Worker
+
+    def engine_factory(_config: WorkerConfig) -> Any:
+        from worker.engine import EngineArgs, LLMEngine
+
+        return LLMEngine(EngineArgs(**{**TINY_ENGINE, **engine}))
+
+    config = WorkerConfig(
+        database_url=env.settings.database_url, redis_url=REDIS_URL, model="tiny-llama",
+        prefix=env.ctx.keys.prefix, name=name, heartbeat_interval=0.3,
+        cancel_poll_interval=0.05, reconcile_interval=3600,
+    )
+    w = Worker(config, engine_factory=engine_factory, install_signals=False)
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    try:
+        yield w
+    finally:
+        w.stop()
+        t.join(60)

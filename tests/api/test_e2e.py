@@ -4,46 +4,19 @@ has one line per custom_id with the right bodies. A running job is cancelled."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
 
-from tests.api.conftest import REDIS_URL, ApiEnv, batch_lines, jsonl
+from tests.api.conftest import ApiEnv, batch_lines, jsonl, tiny_worker
 
 pytestmark = pytest.mark.services
 
 
-def _engine(config):
-    from worker.engine import EngineArgs, LLMEngine
-
-    return LLMEngine(
-        EngineArgs(model="tiny-llama", max_num_seqs=32, num_kv_blocks=256, max_model_len=512)
-    )
-
-
 @pytest.fixture
 def running_worker(env: ApiEnv):
-    pytest.importorskip("torch")
-    from worker.service.config import WorkerConfig
-    from worker.service.worker import Worker
-
-    config = WorkerConfig(
-        database_url=env.settings.database_url,
-        redis_url=REDIS_URL,
-        model="tiny-llama",
-        prefix=env.ctx.keys.prefix,
-        name="api-e2e",
-        heartbeat_interval=0.3,
-        cancel_poll_interval=0.05,
-        reconcile_interval=3600,
-    )
-    w = Worker(config, engine_factory=_engine, install_signals=False)
-    t = threading.Thread(target=w.run, daemon=True)
-    t.start()
-    yield w
-    w.stop()
-    t.join(60)
+    with tiny_worker(env, "api-e2e") as w:
+        yield w
 
 
 def test_batch_of_100_through_the_api(env: ApiEnv, running_worker, tmp_path: Path) -> None:

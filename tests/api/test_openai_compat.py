@@ -7,14 +7,13 @@ stream that runs on, and the refusals (unsupported fields, queue full, timeout, 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.api.conftest import REDIS_URL, ApiEnv
+from tests.api.conftest import ApiEnv, tiny_worker
 
 pytestmark = pytest.mark.services
 openai = pytest.importorskip("openai")
@@ -22,36 +21,10 @@ openai = pytest.importorskip("openai")
 MESSAGES = [{"role": "user", "content": "Write about the sea."}]
 
 
-def _engine(config: Any) -> Any:
-    from worker.engine import EngineArgs, LLMEngine
-
-    return LLMEngine(
-        EngineArgs(model="tiny-llama", max_num_seqs=32, num_kv_blocks=256, max_model_len=512)
-    )
-
-
 @pytest.fixture
 def worker(env: ApiEnv) -> Iterator[Any]:
-    pytest.importorskip("torch")
-    from worker.service.config import WorkerConfig
-    from worker.service.worker import Worker
-
-    config = WorkerConfig(
-        database_url=env.settings.database_url,
-        redis_url=REDIS_URL,
-        model="tiny-llama",
-        prefix=env.ctx.keys.prefix,
-        name="openai-compat",
-        heartbeat_interval=0.3,
-        cancel_poll_interval=0.05,
-        reconcile_interval=3600,
-    )
-    w = Worker(config, engine_factory=_engine, install_signals=False)
-    t = threading.Thread(target=w.run, daemon=True)
-    t.start()
-    yield w
-    w.stop()
-    t.join(60)
+    with tiny_worker(env, "openai-compat") as w:
+        yield w
 
 
 def _client(url: str, key: str, **kw: Any) -> Any:
