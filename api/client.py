@@ -33,7 +33,7 @@ _IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
-class ApiError(Exception):
+class ClientError(Exception):
     """A non-retryable error answer: ``status`` and the OpenAI error object."""
 
     def __init__(self, status: int, error: dict[str, Any]) -> None:
@@ -103,7 +103,7 @@ class Client:
                         error = resp.json().get("error") or {}
                     except ValueError:
                         error = {"message": resp.text}
-                    raise ApiError(resp.status_code, error)
+                    raise ClientError(resp.status_code, error)
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
         raise AssertionError("unreachable")

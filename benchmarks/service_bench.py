@@ -28,7 +28,7 @@ from worker.queue.connection import make_redis
 from worker.queue.group import ensure_groups
 from worker.queue.keys import QueueKeys
 from worker.service.config import WorkerConfig
-from worker.service.worker import Worker
+from worker.service.worker import WorkerProcess
 from worker.store.crud.jobs import count_by_status
 from worker.store.db import make_engine, make_session_factory
 from worker.store.schemas import NewJob
@@ -124,7 +124,7 @@ def run_worker(env: Env, engine: Any, n: int, **cfg: Any) -> tuple[float, dict]:
     """
     config = WorkerConfig(database_url=env.url, redis_url=env.redis_url, prefix=env.keys.prefix,
                           name=f"bench-{uuid.uuid4().hex[:6]}", reconcile_interval=3600, **cfg)
-    worker = Worker(config, engine_factory=lambda c: engine, install_signals=False)
+    worker = WorkerProcess(config, engine_factory=lambda c: engine, install_signals=False)
     finished_at: list[float] = []
     first_done: list[float] = []
     start_count = env.done()

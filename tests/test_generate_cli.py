@@ -12,7 +12,7 @@ import pytest
 
 from worker.cli.generate_cmd import LinePlanner
 from worker.cli.generate_loop import Progress, WorkItem, run_requests
-from worker.cli.jsonl_io import OutputWriter, count_input_lines, iter_input_lines, prepare_output
+from worker.cli.jsonl_io import ResultsFile, count_input_lines, iter_input_lines, prepare_output
 from worker.cli.main import main
 from worker.protocol.openai_batch import parse_request_line
 from worker.protocol.sampling_params import InvalidRequestError
@@ -135,7 +135,7 @@ def test_run_requests_writes_in_finish_order_and_refuses_alone(tmp_path):
     engine = FakeEngine()
     out = tmp_path / "out.jsonl"
     progress = Progress(len(items), enabled=False)
-    with OutputWriter(str(out)) as writer:
+    with ResultsFile(str(out)) as writer:
         run_requests(lambda: engine, items, writer, progress, window=2)
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     # id1 finishes first; id2 is refused when it is fed; id3 overtakes id0.
@@ -173,7 +173,7 @@ def test_run_requests_reads_the_input_as_it_works(tmp_path):
 
     engine.step = step  # type: ignore[method-assign]
     progress = Progress(None, enabled=False)
-    with OutputWriter(str(tmp_path / "out.jsonl")) as writer:
+    with ResultsFile(str(tmp_path / "out.jsonl")) as writer:
         run_requests(lambda: engine, lines(), writer, progress, window=4)
     assert progress.done == 200 and progress.failed == 0
     assert most_ahead <= 4  # never more lines read than the window holds
@@ -187,7 +187,7 @@ def test_run_requests_does_not_load_an_engine_for_refused_lines_only(tmp_path):
     def no_engine():
         raise AssertionError("the engine was loaded for a file without a valid line")
 
-    with OutputWriter(str(out)) as writer:
+    with ResultsFile(str(out)) as writer:
         run_requests(no_engine, [bad], writer, progress, window=4)
     (row,) = [json.loads(x) for x in out.read_text().splitlines()]
     assert row["custom_id"] == "line-1" and row["error"]["code"] == "invalid_json"

@@ -26,7 +26,7 @@ SMALL = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required"
 
 def test_a_job_whose_grammar_times_out_fails_alone_and_the_next_runs(make_env) -> None:
     from worker.service.config import WorkerConfig
-    from worker.service.worker import Worker
+    from worker.service.worker import WorkerProcess
     from worker.store.crud.jobs import get_job
 
     env: ApiEnv = make_env(grammar_check=False)
@@ -70,7 +70,7 @@ def test_a_job_whose_grammar_times_out_fails_alone_and_the_next_runs(make_env) -
             return all(get_job(session=s, job_id=j).status not in ("queued", "running")
                        for j in ids.values())
 
-    w = Worker(config, engine_factory=engine_factory, install_signals=False)
+    w = WorkerProcess(config, engine_factory=engine_factory, install_signals=False)
     t = threading.Thread(target=w.run)
     t.start()
     try:

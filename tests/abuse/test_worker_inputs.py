@@ -72,7 +72,7 @@ def test_bad_inputs_beside_good_jobs(make_env, caplog: pytest.LogCaptureFixture)
     from worker.queue.message import JobMessage
     from worker.queue.producer import publish
     from worker.service.config import WorkerConfig
-    from worker.service.worker import Worker
+    from worker.service.worker import WorkerProcess
     from worker.store.crud.jobs import create_jobs, get_job
     from worker.store.schemas import NewJob
 
@@ -153,7 +153,7 @@ def test_bad_inputs_beside_good_jobs(make_env, caplog: pytest.LogCaptureFixture)
                        for j in everything)
 
     caplog.set_level(logging.WARNING)
-    w = Worker(config, engine_factory=engine_factory, install_signals=False)
+    w = WorkerProcess(config, engine_factory=engine_factory, install_signals=False)
     t = threading.Thread(target=w.run)
     t.start()
     try:

@@ -158,7 +158,7 @@ def tiny_worker(env: ApiEnv, name: str, **engine: Any) -> Iterator[Any]:
     import threading
 
     from worker.service.config import WorkerConfig
-    from worker.service.worker import Worker
+    from worker.service.worker import WorkerProcess
 
     def engine_factory(_config: WorkerConfig) -> Any:
         from worker.engine import EngineArgs, LLMEngine
@@ -170,7 +170,7 @@ def tiny_worker(env: ApiEnv, name: str, **engine: Any) -> Iterator[Any]:
         prefix=env.ctx.keys.prefix, name=name, heartbeat_interval=0.3,
         cancel_poll_interval=0.05, reconcile_interval=3600,
     )
-    w = Worker(config, engine_factory=engine_factory, install_signals=False)
+    w = WorkerProcess(config, engine_factory=engine_factory, install_signals=False)
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     try:

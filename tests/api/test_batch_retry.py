@@ -168,14 +168,14 @@ def _worker(env: ApiEnv) -> Iterator[None]:
     pytest.importorskip("torch")
     from worker.engine import EngineArgs, LLMEngine
     from worker.service.config import WorkerConfig
-    from worker.service.worker import Worker
+    from worker.service.worker import WorkerProcess
 
     config = WorkerConfig(
         database_url=env.settings.database_url, redis_url=REDIS_URL, model="tiny-llama",
         prefix=env.ctx.keys.prefix, name="api-retry", heartbeat_interval=0.3,
         cancel_poll_interval=0.05, reconcile_interval=3600,
     )
-    w = Worker(config, install_signals=False, engine_factory=lambda _c: LLMEngine(EngineArgs(
+    w = WorkerProcess(config, install_signals=False, engine_factory=lambda _c: LLMEngine(EngineArgs(
         model="tiny-llama", max_num_seqs=16, num_kv_blocks=128, max_model_len=512)))
     t = threading.Thread(target=w.run, daemon=True)
     t.start()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from api.client import ApiError, Client
+from api.client import Client, ClientError
 
 
 def test_submit_retries_with_one_idempotency_key() -> None:
@@ -35,7 +35,7 @@ def test_client_errors_are_not_retried() -> None:
         return httpx.Response(404, json={"error": {"message": "No job", "code": "not_found"}})
 
     c = Client("http://x", api_key="k", backoff=0.001, transport=httpx.MockTransport(handler))
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(ClientError) as info:
         c.get("job_x")
     assert info.value.status == 404 and info.value.error["code"] == "not_found" and calls == 1
 
@@ -47,7 +47,7 @@ def test_gives_up_after_retries() -> None:
     c = Client(
         "http://x", api_key="k", retries=2, backoff=0.001, transport=httpx.MockTransport(handler)
     )
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(ClientError) as info:
         c.cancel("job_x")
     assert info.value.status == 500
 
@@ -75,7 +75,7 @@ def test_non_idempotent_posts_are_not_replayed_once_sent(tmp_path) -> None:
     assert calls["POST /v1/batches"] == 1
 
     plan["POST /v1/batches"] = [503, 200]
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(ClientError) as info:
         c._request("POST", "/v1/batches", json={"input_file_id": "f"})
     assert info.value.status == 503 and calls["POST /v1/batches"] == 2
 

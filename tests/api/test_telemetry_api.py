@@ -44,14 +44,14 @@ def _engine(config):
 def test_job_through_api_and_worker_is_one_trace(exporter, env: ApiEnv) -> None:
     pytest.importorskip("torch")
     from worker.service.config import WorkerConfig
-    from worker.service.worker import Worker
+    from worker.service.worker import WorkerProcess
 
     config = WorkerConfig(
         database_url=env.settings.database_url, redis_url=REDIS_URL, model="tiny-llama",
         prefix=env.ctx.keys.prefix, name="api-telemetry", heartbeat_interval=0.3,
         reconcile_interval=3600,
     )  # fmt: skip
-    w = Worker(config, engine_factory=_engine, install_signals=False)
+    w = WorkerProcess(config, engine_factory=_engine, install_signals=False)
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     h = env.auth("t-otel")

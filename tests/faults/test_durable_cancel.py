@@ -14,7 +14,7 @@ from tests.service.helpers import wait_for
 from worker.jobs.cancel import request_cancel
 from worker.jobs.enqueue import enqueue
 from worker.service.config import WorkerConfig
-from worker.service.worker import Worker
+from worker.service.worker import WorkerProcess
 from worker.store.crud.jobs import cancel_job, get_job, start_jobs
 from worker.store.schemas import NewJob
 
@@ -40,8 +40,8 @@ def _job(session_factory, job_id: str):
         return get_job(session=s, job_id=job_id)
 
 
-def _run_worker(config: WorkerConfig) -> tuple[Worker, threading.Thread]:
-    w = Worker(config, engine_factory=paced_tiny, install_signals=False)
+def _run_worker(config: WorkerConfig) -> tuple[WorkerProcess, threading.Thread]:
+    w = WorkerProcess(config, engine_factory=paced_tiny, install_signals=False)
     t = threading.Thread(target=w.run)
     t.start()
     wait_for(lambda: w.loop is not None, timeout=180, what="the engine to load")

@@ -64,11 +64,11 @@ def start_worker(
 
 @contextlib.contextmanager
 def worker_thread(config: Any, engine_factory: Callable[[Any], Any]) -> Iterator[Any]:
-    """A ``Worker`` running in a thread of this process while the block runs; stopped (and
+    """A ``WorkerProcess`` running in a thread of this process while the block runs; stopped (and
     checked to have stopped) when it ends."""
-    from worker.service.worker import Worker
+    from worker.service.worker import WorkerProcess
 
-    w = Worker(config, engine_factory=engine_factory, install_signals=False)
+    w = WorkerProcess(config, engine_factory=engine_factory, install_signals=False)
     t = threading.Thread(target=w.run)
     t.start()
     try:

@@ -17,7 +17,7 @@ from tests.service.conftest import REDIS_URL
 from tests.service.helpers import prompt_jobs, wait_for
 from worker.jobs.enqueue import enqueue
 from worker.service.config import WorkerConfig
-from worker.service.worker import Worker
+from worker.service.worker import WorkerProcess
 from worker.store.crud.jobs import get_job
 from worker.store.schemas import NewJob
 from worker.telemetry import metrics as m
@@ -77,7 +77,7 @@ def test_one_trace_per_job_and_metrics(
         database_url=migrated_pg, redis_url=REDIS_URL, model="tiny-llama", prefix=keys.prefix,
         name="telemetry", heartbeat_interval=0.3, reconcile_interval=3600,
     )  # fmt: skip
-    w = Worker(config, engine_factory=_engine, install_signals=False)
+    w = WorkerProcess(config, engine_factory=_engine, install_signals=False)
     t = threading.Thread(target=w.run)
     t.start()
     try:

@@ -16,7 +16,7 @@ from worker.jobs.enqueue import enqueue
 from worker.queue.message import JobMessage
 from worker.queue.producer import publish
 from worker.service.config import WorkerConfig
-from worker.service.worker import Worker
+from worker.service.worker import WorkerProcess
 from worker.store.crud.jobs import count_by_status, get_job, list_jobs
 from worker.store.models import Iteration, Job
 from worker.store.schemas import NewJob
@@ -52,7 +52,7 @@ def test_worker_runs_jobs_and_isolates_bad_ones(migrated_pg, session_factory, re
     bad = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=bad_jobs)
     long = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys,
                    jobs=[NewJob(request={"url": "/v1/completions", "body": {"prompt": "go", "max_tokens": 240, "ignore_eos": True}}, queue_class="interactive")])
-    w = Worker(config, engine_factory=_engine, install_signals=False)
+    w = WorkerProcess(config, engine_factory=_engine, install_signals=False)
     t = threading.Thread(target=w.run)
     t.start()
     try:

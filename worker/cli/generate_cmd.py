@@ -17,7 +17,7 @@ from typing import Any
 
 from worker.cli.engine_flags import add_engine_flags, engine_args_from
 from worker.cli.generate_loop import Progress, WorkItem, run_requests
-from worker.cli.jsonl_io import OutputWriter, count_input_lines, iter_input_lines, prepare_output
+from worker.cli.jsonl_io import ResultsFile, count_input_lines, iter_input_lines, prepare_output
 from worker.protocol.openai_batch import RequestParseError, parse_request_line
 from worker.protocol.sampling_params import InvalidRequestError
 
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     planner = LinePlanner(done, on_skip=progress.line_skipped)
     engine_source = _EngineSource(engine_args, progress)
     try:
-        with OutputWriter(args.output) as writer:
+        with ResultsFile(args.output) as writer:
             window = max(1, args.window or 2 * engine_args.max_num_seqs)
             run_requests(engine_source, planner.items(iter_input_lines(args.input)), writer,
                          progress, window=window)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from worker.cli.jsonl_io import OutputWriter
+from worker.cli.jsonl_io import ResultsFile
 from worker.protocol.openai_batch import (
     GenerationRequest,
     RequestParseError,
@@ -91,7 +91,7 @@ class Progress:
 
 
 def run_requests(engine_source: Callable[[], Any], items: Iterable[WorkItem],
-                 writer: OutputWriter, progress: Progress, *, window: int) -> None:
+                 writer: ResultsFile, progress: Progress, *, window: int) -> None:
     """Generate every item, writing each output line as soon as it finishes.
 
     Items are pulled from ``items`` only while fewer than ``window`` requests sit in the
@@ -119,7 +119,7 @@ def run_requests(engine_source: Callable[[], Any], items: Iterable[WorkItem],
         _step(engine, writer, progress, running)
 
 
-def _feed(engine: Any, writer: OutputWriter, progress: Progress, item: WorkItem,
+def _feed(engine: Any, writer: ResultsFile, progress: Progress, item: WorkItem,
           running: dict[str, WorkItem]) -> None:
     request_id = new_request_id()
     try:
@@ -130,7 +130,7 @@ def _feed(engine: Any, writer: OutputWriter, progress: Progress, item: WorkItem,
     running[request_id] = item
 
 
-def _step(engine: Any, writer: OutputWriter, progress: Progress,
+def _step(engine: Any, writer: ResultsFile, progress: Progress,
           running: dict[str, WorkItem]) -> None:
     if not engine.has_unfinished_requests():
         for request_id, item in running.items():  # lost by the engine: never silently
@@ -159,7 +159,7 @@ def _add(engine: Any, request_id: str, item: WorkItem) -> None:
     engine.add_request(request_id, ids, request.params, prompt=prompt)
 
 
-def _write_result(engine: Any, writer: OutputWriter, progress: Progress, item: WorkItem,
+def _write_result(engine: Any, writer: ResultsFile, progress: Progress, item: WorkItem,
                   out: Any) -> None:
     request = item.request
     assert request is not None
@@ -180,7 +180,7 @@ def _write_result(engine: Any, writer: OutputWriter, progress: Progress, item: W
     progress.line_written(failed=False)
 
 
-def _write_error(writer: OutputWriter, progress: Progress, item: WorkItem, request_id: str,
+def _write_error(writer: ResultsFile, progress: Progress, item: WorkItem, request_id: str,
                  exc: InvalidRequestError, *, status_code: int = 400,
                  code: str | None = None) -> None:
     if isinstance(exc, RequestParseError):

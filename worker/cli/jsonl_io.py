@@ -68,7 +68,7 @@ def _custom_id(raw: bytes) -> str | None:
     return None
 
 
-class OutputWriter:
+class ResultsFile:
     """Appends output lines and flushes each one, so a killed run loses nothing written."""
 
     def __init__(self, path: str) -> None:
@@ -88,7 +88,7 @@ class OutputWriter:
             os.fsync(self._file.fileno())
             self._file.close()
 
-    def __enter__(self) -> OutputWriter:
+    def __enter__(self) -> ResultsFile:
         return self
 
     def __exit__(self, *exc: object) -> None:

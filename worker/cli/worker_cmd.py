@@ -99,12 +99,12 @@ def run(args: argparse.Namespace) -> int:
         from migrations.run import upgrade
 
         upgrade(url=config.database_url)
-    from worker.service.worker import EngineStartError, Worker
+    from worker.service.worker import EngineStartError, WorkerProcess
     from worker.telemetry.setup import configure_telemetry, shutdown_telemetry
 
     configure_telemetry("inflight-worker")
     try:
-        return Worker(config).run()
+        return WorkerProcess(config).run()
     except EngineStartError as exc:
         print(f"inflight worker: error: {exc}", file=sys.stderr)
         return 1

@@ -1,4 +1,4 @@
-"""What the threads of one worker share, in one object built once by ``Worker.run``:
+"""What the threads of one worker share, in one object built once by ``WorkerProcess.run``:
 configuration and identity, the two connections, the stop flags, the held-jobs registry,
 and the one inbox with the two events that pace it.
 

@@ -50,7 +50,7 @@ def default_engine_factory(config: WorkerConfig) -> EngineAPI:
     return LLMEngine(EngineArgs(model=config.model, **config.engine_kwargs))
 
 
-class Worker:
+class WorkerProcess:
     """One worker process. ``run()`` returns the exit code: 0 after a clean drain, 1 after
     a second signal (stop at once), 2 when the engine loop failed, 3 when the engine broke
     (every held job was handed back unfailed)."""
