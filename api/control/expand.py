@@ -24,10 +24,11 @@ from api.control.input_lines import capped_lines, count_lines
 from api.control.staging import append_errors
 from api.errors import ApiError
 from api.limits import check_request_limits
+from worker.jobs.cancel import cancel_queued_of_batch
 from worker.jobs.enqueue import JobWrite, NotPublished, enqueuing
 from worker.protocol.openai_batch import RequestParseError, format_error_line, parse_request_line
 from worker.store.base import utcnow
-from worker.store.crud.batch_admin import cancel_queued_jobs, get_progress, set_batch_status
+from worker.store.crud.batch_admin import get_progress, set_batch_status
 from worker.store.crud.batches import get_batch
 from worker.store.crud.expansion import (
     EXPANDABLE,
@@ -316,7 +317,7 @@ def _fail(ctx: Context, batch_id: str, code: str, message: str) -> None:
         ):
             return
         batch.errors = [_error(code, message)]
-        cancel_queued_jobs(session=session, batch_id=batch_id)
+        cancel_queued_of_batch(session=session, batch_id=batch_id)
 
 
 def _error(code: str, message: str) -> dict[str, object]:

@@ -7,16 +7,10 @@ from datetime import timedelta
 
 from api.context import Context
 from api.control.finalize import finalize_batch
-from worker.jobs.cancel import request_cancel
+from worker.jobs.cancel import cancel_batch
 from worker.jobs.republish import reconcile
 from worker.store.base import utcnow
-from worker.store.crud.batch_admin import (
-    batches_in_status,
-    cancel_queued_jobs,
-    expired_batch_ids,
-    running_job_ids,
-    set_batch_status,
-)
+from worker.store.crud.batch_admin import batches_in_status, expired_batch_ids, set_batch_status
 from worker.store.crud.expansion import stalled_expansions
 from worker.store.crud.files import delete_file, expired_files, get_file, open_batch_using
 from worker.store.crud.retention import prune_iterations
@@ -61,18 +55,11 @@ def finalize_ready_batches(ctx: Context) -> int:
 
 
 def cancel_batch_jobs(ctx: Context, *, batch_id: str) -> int:
-    """Cancel a batch's queued jobs at once and signal its running ones to their workers."""
-    with ctx.session_factory.begin() as session:
-        n = cancel_queued_jobs(session=session, batch_id=batch_id)
-        running = running_job_ids(session=session, batch_id=batch_id)
-    for job_id in running:
-        request_cancel(
-            session_factory=ctx.session_factory,
-            redis_client=ctx.redis,
-            keys=ctx.keys,
-            job_id=job_id,
-        )
-    return n + len(running)
+    """Cancel a batch's queued jobs at once and signal its running ones to their workers
+    (:func:`worker.jobs.cancel.cancel_batch`); returns how many."""
+    return cancel_batch(
+        session_factory=ctx.session_factory, redis_client=ctx.redis, keys=ctx.keys, batch_id=batch_id
+    )
 
 
 def expire_batches(ctx: Context) -> list[str]:

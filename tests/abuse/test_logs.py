@@ -12,7 +12,7 @@ SECRET = "the-patients-name-is-jane-doe"
 
 
 def test_failed_commit_error_hides_bound_values(api_db_url: str) -> None:
-    from worker.store.crud.jobs import create_jobs
+    from worker.store.crud.job_status import create_jobs
     from worker.store.db import make_engine, make_session_factory
     from worker.store.schemas import NewJob
 

@@ -70,31 +70,30 @@ def test_a_result_the_store_refuses_fails_without_the_drivers_text(
 ) -> None:
     """The job fails with a generic message and its code; the driver's text (tables,
     values) goes to the worker's log only."""
-    from types import SimpleNamespace
-
-    from worker.service import writer as writer_module
-    from worker.store.crud.jobs import create_jobs, get_job
+    from worker.jobs import finish as finish_module
+    from worker.store.crud import job_status
+    from worker.store.crud.job_status import create_jobs
+    from worker.store.crud.jobs import get_job
     from worker.store.schemas import JobResult, NewJob
 
     with env.ctx.session_factory.begin() as s:
         (job_id,) = create_jobs(session=s, jobs=[NewJob(request={"prompt": "x"}, tenant="t-w")])
-    real = writer_module.finish_jobs
+    real = job_status.finish_jobs
 
     def refusing(*, session, results, worker_id):
         if any(r.status == "succeeded" for r in results):
             raise ValueError('psycopg.errors.UntranslatableCharacter: relation "jobs" secret-detail')
         return real(session=session, results=results, worker_id=worker_id)
 
-    monkeypatch.setattr(writer_module, "finish_jobs", refusing)
-    runtime = SimpleNamespace(session_factory=env.ctx.session_factory, redis=env.ctx.redis,
-                              keys=env.ctx.keys, registry=None, flags=None, worker_id="w-1")
-    w = writer_module.OutputWriter(runtime=runtime)  # type: ignore[arg-type]
-    done = writer_module.Finished(JobResult(job_id=job_id, status="succeeded", text="ok"), None)
-    assert w._commit([done], []) == []
+    monkeypatch.setattr(job_status, "finish_jobs", refusing)
+    done = JobResult(job_id=job_id, status="succeeded", text="ok")
+    assert finish_module.commit_results(
+        session_factory=env.ctx.session_factory, results=[done], worker_id="w-1"
+    ) == []
     with env.ctx.session_factory() as s:
         job = get_job(session=s, job_id=job_id)
     assert job.status == "failed"
-    assert job.error == writer_module.UNSTORABLE_RESULT_ERROR
+    assert job.error == finish_module.UNSTORABLE_RESULT_ERROR
     assert "result_not_storable" in job.error and "psycopg" not in job.error
     assert "secret-detail" in caplog.text  # the detail is in the log
 

@@ -76,7 +76,7 @@ def receiver(api_db_url: str):
 
 
 def _ended_job(env: ApiEnv, h: dict[str, str], url: str) -> str:
-    from worker.store.crud.jobs import finish_jobs
+    from worker.store.crud.job_status import finish_jobs
 
     resp = env.client.post("/v1/jobs", json={**JOB, "callback_url": url}, headers=h)
     assert resp.status_code == 201, resp.text

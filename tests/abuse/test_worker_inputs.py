@@ -73,7 +73,8 @@ def test_bad_inputs_beside_good_jobs(make_env, caplog: pytest.LogCaptureFixture)
     from worker.queue.producer import publish
     from worker.service.config import WorkerConfig
     from worker.service.worker import WorkerProcess
-    from worker.store.crud.jobs import create_jobs, get_job
+    from worker.store.crud.job_status import create_jobs
+    from worker.store.crud.jobs import get_job
     from worker.store.schemas import NewJob
 
     env: ApiEnv = make_env(max_prompt_tokens=MAX_PROMPT_TOKENS, max_tokens_limit=MAX_TOKENS_LIMIT)

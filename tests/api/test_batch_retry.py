@@ -39,7 +39,8 @@ def _finish(env: ApiEnv, batch_id: str, *, fail: set[str] = frozenset(),
             only: set[str] | None = None) -> None:
     """Write job results as a worker would: failed for ``fail``, else succeeded (only the
     jobs of ``only`` when given)."""
-    from worker.store.crud.jobs import finish_jobs, list_jobs
+    from worker.store.crud.job_status import finish_jobs
+    from worker.store.crud.jobs import list_jobs
 
     with env.ctx.session_factory.begin() as s:
         jobs = list_jobs(session=s, batch_id=batch_id, limit=10_000)

@@ -40,7 +40,8 @@ def _finish(env: ApiEnv, batch_id: str, *, fail: set[str] = frozenset(),
             choices: dict[str, list[dict]] | None = None) -> None:
     """Write every job's result as a worker would: failed for ``fail``, else succeeded, with
     the stored samples of ``choices`` (by custom_id) or, like rows from before, none."""
-    from worker.store.crud.jobs import finish_jobs, list_jobs
+    from worker.store.crud.job_status import finish_jobs
+    from worker.store.crud.jobs import list_jobs
 
     choices = choices or {}
 
@@ -211,7 +212,8 @@ def test_batch_validation(env: ApiEnv) -> None:
 
 
 def test_cancel_batch(env: ApiEnv) -> None:
-    from worker.store.crud.jobs import list_jobs, start_jobs
+    from worker.store.crud.job_status import start_jobs
+    from worker.store.crud.jobs import list_jobs
 
     h = env.auth("t-cancel")
     batch = _create(env, h, _upload(env, h, jsonl(batch_lines(5)))["id"])
@@ -222,7 +224,7 @@ def test_cancel_batch(env: ApiEnv) -> None:
     assert r["status"] == "cancelling" and r["cancelling_at"]
     assert env.ctx.redis.sismember(env.ctx.keys.cancels, first)
     # the worker aborts the running one
-    from worker.store.crud.jobs import finish_jobs
+    from worker.store.crud.job_status import finish_jobs
 
     with env.ctx.session_factory.begin() as s:
         finish_jobs(

@@ -49,7 +49,7 @@ def hook_server():
 
 
 def _finish(env: ApiEnv, job_id: str) -> None:
-    from worker.store.crud.jobs import finish_jobs
+    from worker.store.crud.job_status import finish_jobs
 
     with env.ctx.session_factory.begin() as s:
         finish_jobs(
@@ -195,7 +195,8 @@ def test_reconcile_and_prune(make_env) -> None:
 
 def test_embedded_beat_finalizes_batches(make_env) -> None:
     from tests.api.conftest import batch_lines, jsonl, wait_expanded
-    from worker.store.crud.jobs import finish_jobs, list_jobs
+    from worker.store.crud.job_status import finish_jobs
+    from worker.store.crud.jobs import list_jobs
 
     env = make_env(beat_interval=0.2)
     h = env.auth("t-beat")
@@ -244,7 +245,8 @@ def test_separate_celery_worker(make_env, tmp_path) -> None:
     import sys
 
     from tests.api.conftest import REDIS_URL, batch_lines, jsonl
-    from worker.store.crud.jobs import finish_jobs, list_jobs
+    from worker.store.crud.job_status import finish_jobs
+    from worker.store.crud.jobs import list_jobs
 
     env = make_env(celery_eager=False, broker_url=REDIS_URL)
     s = env.settings

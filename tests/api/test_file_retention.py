@@ -132,7 +132,8 @@ def test_expires_after_on_upload(env: ApiEnv) -> None:
 
 
 def test_output_expires_after_on_batches(env: ApiEnv) -> None:
-    from worker.store.crud.jobs import finish_jobs, list_jobs
+    from worker.store.crud.job_status import finish_jobs
+    from worker.store.crud.jobs import list_jobs
 
     h = env.auth("t-exp-out")
     f = _upload(env, h, jsonl([*batch_lines(2), "{not json"])).json()

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.services
 
 def _finished_batch(env: ApiEnv, tenant: str, n: int) -> str:
     """A batch of ``n`` good lines and one invalid one, every job succeeded."""
-    from worker.store.crud.jobs import finish_jobs, list_jobs
+    from worker.store.crud.job_status import finish_jobs
+    from worker.store.crud.jobs import list_jobs
 
     h = env.auth(tenant)
     f = env.client.post("/v1/files", data={"purpose": "batch"},

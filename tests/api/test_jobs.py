@@ -67,7 +67,7 @@ def test_submit_get_list_cancel(env: ApiEnv) -> None:
 
 
 def test_cancel_running_job_signals_worker(env: ApiEnv) -> None:
-    from worker.store.crud.jobs import start_jobs
+    from worker.store.crud.job_status import start_jobs
 
     c, h = env.client, env.auth("t-run")
     job = c.post("/v1/jobs", json=CHAT, headers=h).json()
@@ -187,7 +187,7 @@ def test_jobs_cli_counts_only_the_tenant(env: ApiEnv, capsys: pytest.CaptureFixt
 def _seed_ties(env: ApiEnv, tenant: str, groups: int, per_group: int, **job: Any) -> list[str]:
     """``groups`` x ``per_group`` jobs of ``tenant`` straight into the store, the jobs of a
     group sharing one queued_at (their ids decide the order); the ids in queue order."""
-    from worker.store.crud.jobs import create_jobs
+    from worker.store.crud.job_status import create_jobs
     from worker.store.schemas import NewJob
 
     start = datetime(2026, 3, 1, tzinfo=timezone.utc)
@@ -221,7 +221,7 @@ def test_listing_walks_ties_once_in_order_with_filters(env: ApiEnv) -> None:
     """Paging with ``after`` lists every job exactly once, in queue order, also where many
     share one queued_at; status and batch filters combine with the cursor."""
     from worker.store.crud.batches import create_batch
-    from worker.store.crud.jobs import start_jobs
+    from worker.store.crud.job_status import start_jobs
 
     mine, other = f"t-keys-{uuid.uuid4().hex[:8]}", f"t-keys-{uuid.uuid4().hex[:8]}"
     with env.ctx.session_factory.begin() as s:

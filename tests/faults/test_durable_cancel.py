@@ -15,7 +15,8 @@ from worker.jobs.cancel import request_cancel
 from worker.jobs.enqueue import enqueue
 from worker.service.config import WorkerConfig
 from worker.service.worker import WorkerProcess
-from worker.store.crud.jobs import cancel_job, get_job, start_jobs
+from worker.store.crud.job_status import cancel_job, start_jobs
+from worker.store.crud.jobs import get_job
 from worker.store.schemas import NewJob
 
 pytestmark = pytest.mark.services

@@ -53,7 +53,8 @@ def _wait(cond, *, timeout: float, what: str, interval: float = 0.01) -> None:
 
 
 def _finish_all(ctx, batch_id: str) -> int:
-    from worker.store.crud.jobs import finish_jobs, list_jobs
+    from worker.store.crud.job_status import finish_jobs
+    from worker.store.crud.jobs import list_jobs
 
     with ctx.session_factory.begin() as s:
         jobs = list_jobs(session=s, batch_id=batch_id, limit=N_LINES + 1)

@@ -17,7 +17,8 @@ from worker.queue.dead_letter import over_limit
 from worker.queue.group import ensure_groups
 from worker.queue.message import JobMessage, MessageError
 from worker.queue.trim import trim_streams
-from worker.store.crud.jobs import create_jobs, finish_jobs, get_job, start_jobs
+from worker.store.crud.job_status import create_jobs, finish_jobs, start_jobs
+from worker.store.crud.jobs import get_job
 from worker.store.schemas import JobResult, NewJob
 
 pytestmark = pytest.mark.services

@@ -6,15 +6,17 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from worker.store.crud.jobs import (
+from worker.store.crud.job_status import (
     cancel_job,
-    count_by_status,
     create_jobs,
     finish_jobs,
-    get_job,
-    list_jobs,
     requeue_jobs,
     start_jobs,
+)
+from worker.store.crud.jobs import (
+    count_by_status,
+    get_job,
+    list_jobs,
 )
 from worker.store.db import make_engine, make_session_factory
 from worker.store.schemas import JobResult, NewJob

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from worker.queue.dead_letter import move_to_dead
 from worker.queue.delivery import Delivery
 from worker.queue.keys import QueueKeys
-from worker.store.crud.jobs import fail_job
+from worker.store.crud import job_status
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def dead_letter(
             for extra in (d.error, evidence.get((d.stream, d.entry_id))):
                 if extra:
                     message += f"; {extra}"
-            if fail_job(session=session, job_id=d.job_id, error=message):
+            if job_status.fail_job(session=session, job_id=d.job_id, error=message):
                 failed.append(d.job_id)
     move_to_dead(
         redis_client=redis_client, keys=keys, deliveries=deliveries, reason=reason,

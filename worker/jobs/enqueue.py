@@ -19,7 +19,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from worker.queue.keys import QueueKeys
 from worker.queue.message import JobMessage
 from worker.queue.producer import publish
-from worker.store.crud.jobs import create_jobs, new_job_id
+from worker.store.crud.job_status import create_jobs
+from worker.store.crud.jobs import new_job_id
 from worker.store.schemas import NewJob
 from worker.telemetry.enqueue_spans import EnqueuedJob, enqueue_spans
 

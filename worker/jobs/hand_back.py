@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from worker.queue.delivery import Delivery
 from worker.queue.handback import hand_back
 from worker.queue.keys import QueueKeys
-from worker.store.crud.jobs import requeue_jobs
+from worker.store.crud import job_status
 
 
 def hand_back_jobs(
@@ -30,5 +30,5 @@ def hand_back_jobs(
     still pending."""
     job_ids = [d.job_id for d in deliveries if d.job_id is not None]
     with session_factory.begin() as session:
-        requeue_jobs(session=session, job_ids=job_ids, worker_id=worker_id, uncount=uncount)
+        job_status.requeue_jobs(session=session, job_ids=job_ids, worker_id=worker_id, uncount=uncount)
     return hand_back(redis_client=redis_client, keys=keys, deliveries=deliveries)

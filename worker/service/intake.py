@@ -17,6 +17,7 @@ import threading
 import time
 
 from worker.jobs.dead_letter import dead_letter
+from worker.jobs.start import start
 from worker.queue.claim import take_over_stale
 from worker.queue.consumer import own_pending, read_new, redeliver, touch
 from worker.queue.dead_letter import over_limit
@@ -27,7 +28,6 @@ from worker.service.held_jobs import HeldJob
 from worker.service.retry import retry
 from worker.service.runtime import LoopDesk, WorkerRuntime
 from worker.service.writer import AckOnly, OutputWriter
-from worker.store.crud.jobs import start_jobs
 
 log = logging.getLogger(__name__)
 
@@ -285,5 +285,4 @@ class Intake:
         self.dead_lettered += len(deliveries)
 
     def _start(self, ids: list[str]) -> set[str]:
-        with self.session_factory.begin() as session:
-            return start_jobs(session=session, job_ids=ids, worker_id=self.worker_id)
+        return start(session_factory=self.session_factory, job_ids=ids, worker_id=self.worker_id)

@@ -1,4 +1,5 @@
-"""Retry with backoff for writes to a store that may be briefly unreachable."""
+"""Retry with backoff for writes to a store that may be briefly unreachable (what counts as
+unreachable: :func:`worker.jobs.transient.is_transient`)."""
 
 from __future__ import annotations
 
@@ -8,26 +9,10 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-import redis
-from sqlalchemy.exc import DBAPIError, OperationalError
+from worker.jobs.transient import is_transient
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-
-TRANSIENT = (
-    OperationalError,
-    redis.ConnectionError,
-    redis.TimeoutError,
-    ConnectionError,
-    TimeoutError,
-)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Connection-level failures (the server is away), as opposed to bad data."""
-    if isinstance(exc, TRANSIENT):
-        return True
-    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
 def retry(

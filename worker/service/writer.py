@@ -1,8 +1,9 @@
 """Output writer: commits results and step traces in batched transactions, then acks.
 
 Whatever the engine loop produced since the last commit goes into one transaction; the
-stream entries of those jobs are acked only after that commit, so a crash at any point
-leaves every unwritten job pending in Redis. Store outages are retried with backoff.
+stream entries of those jobs are acked only after that commit (the finish move,
+:mod:`worker.jobs.finish`), so a crash at any point leaves every unwritten job pending in
+Redis. Store outages are retried with backoff.
 """
 
 from __future__ import annotations
@@ -11,29 +12,24 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from sqlalchemy.orm import Session
+
+from worker.jobs.finish import finish
 from worker.jobs.hand_back import hand_back_jobs
-from worker.queue.cancel import clear_cancels
-from worker.queue.consumer import ack
 from worker.queue.job_events import end_fields, publish_events, wanted
 from worker.service.held_jobs import HeldJob
 from worker.service.observe import JobObserver
-from worker.service.retry import is_transient, retry
+from worker.service.retry import retry
 from worker.service.runtime import WorkerRuntime
 from worker.store.crud.iterations import insert_iterations
-from worker.store.crud.jobs import finish_jobs
 from worker.store.schemas import JobResult
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
-
-UNSTORABLE_RESULT_CODE = "result_not_storable"
-UNSTORABLE_RESULT_ERROR = (
-    f"the result could not be stored (error code {UNSTORABLE_RESULT_CODE}); the job failed "
-    "and the worker's log has the detail"
-)
-"""A job's ``error`` when the store refused its result: never the SQL or driver text."""
 
 
 @dataclass
@@ -170,49 +166,52 @@ class OutputWriter:
         rows = [i for i in items if isinstance(i, dict)]
         releases = [h for i in items if isinstance(i, Release) for h in i.held]
         handed = [h for i in items if isinstance(i, HandBack) for h in i.held]
-        acks = [e for i in items if isinstance(i, AckOnly) for e in i.entries]
+        skipped = [e for i in items if isinstance(i, AckOnly) for e in i.entries]
         write_start = time.time()
-        if finished or rows:
-            unstored = retry(
-                lambda: self._commit(finished, rows), what="result write", stop=self.flags.stop_now
+        if finished or rows or skipped:
+            held = [f.held for f in finished if f.held is not None]
+            unstored = finish(
+                session_factory=self.session_factory,
+                redis_client=self.redis,
+                keys=self.keys,
+                worker_id=self.worker_id,
+                results=[f.result for f in finished],
+                entries=[(h.stream, h.entry_id, h.job_id) for h in held],
+                skipped=skipped,
+                also=self._traces(rows) if rows else None,
+                attempt=self._retry,
             )
             if unstored:
-                # Neither the result nor a failure could be stored: leave the entries pending
-                # (not acked) and stop holding them, so that they go idle and are taken over
-                # and redelivered (dead-lettered once delivered too often).
-                lost = {id(f) for f in unstored}
-                finished = [f for f in finished if id(f) not in lost]
-                self.registry.remove([f.result.job_id for f in unstored])
+                # Neither the result nor a failure could be stored: the entries are left
+                # pending (not acked); stop holding them, so that they go idle and are taken
+                # over and redelivered (dead-lettered once delivered too often).
+                lost = {id(r) for r in unstored}
+                finished = [f for f in finished if id(f.result) not in lost]
+                self.registry.remove([r.job_id for r in unstored])
                 self.unstored += len(unstored)
-            self.written += len(finished)
-            self.transactions += 1
-            held = [f.held for f in finished if f.held is not None]
-            acks += [(h.stream, h.entry_id, h.job_id) for h in held]
+            if finished or rows:
+                self.written += len(finished)
+                self.transactions += 1
         if releases:
             self._hand_back(releases, uncount=False)
         if handed:
             self._hand_back(handed, uncount=True)
             self.handed_back += len(handed)
-        if acks:
-            retry(
-                lambda: ack(redis_client=self.redis, keys=self.keys, entries=acks),
-                what="ack",
-                stop=self.flags.stop_now,
-            )
         if finished:
-            # every finished job: one cancelled after it ended (or while its result was on
-            # the way) would otherwise leave its id in the cancels set
-            done = [f.result.job_id for f in finished]
-            retry(
-                lambda: clear_cancels(redis_client=self.redis, keys=self.keys, job_ids=done),
-                what="clear cancels",
-                stop=self.flags.stop_now,
-            )
-            self.registry.remove(done)
+            self.registry.remove([f.result.job_id for f in finished])
             self._announce(finished)
             if self.observer is not None:
                 timelines = [f.timeline for f in finished if f.timeline is not None]
                 self.observer.written(timelines, write_start, time.time())
+
+    def _retry(self, fn: Callable[[], T], what: str) -> T:
+        """Run one step of a move, retried while its store is away (until stopped)."""
+        return retry(fn, what=what, stop=self.flags.stop_now)
+
+    @staticmethod
+    def _traces(rows: list[dict[str, Any]]) -> Callable[[Session], None]:
+        """The step-trace rows' insert, for the results' transaction."""
+        return lambda session: insert_iterations(session=session, rows=rows, ignore_conflicts=True)
 
     def _announce(self, finished: list[Finished]) -> None:
         """Tell whoever waits on a job (its request asked for events) that its result is
@@ -228,56 +227,6 @@ class OutputWriter:
             publish_events(redis_client=self.redis, keys=self.keys, events=events)
         except Exception as exc:
             log.warning("could not announce the end of %d jobs: %s", len(events), exc)
-
-    def _commit(self, finished: list[Finished], rows: list[dict[str, Any]]) -> list[Finished]:
-        """Write the batch; returns the results that could not be stored at all."""
-        try:
-            with self.session_factory.begin() as session:
-                finish_jobs(
-                    session=session, results=[f.result for f in finished], worker_id=self.worker_id
-                )
-                insert_iterations(session=session, rows=rows, ignore_conflicts=True)
-        except Exception as exc:
-            if is_transient(exc):
-                raise
-            log.exception("batched write refused; writing results one by one")
-            return self._commit_one_by_one(finished)
-        return []
-
-    def _commit_one_by_one(self, finished: list[Finished]) -> list[Finished]:
-        """Write each result alone; one the store refuses is stored as a failure instead.
-        Returns those for which even that was refused."""
-        unstored: list[Finished] = []
-        for f in finished:
-            try:
-                with self.session_factory.begin() as session:
-                    finish_jobs(session=session, results=[f.result], worker_id=self.worker_id)
-            except Exception as exc:
-                if is_transient(exc):
-                    raise
-                # The driver's text names tables and quotes values: it goes to this log,
-                # the tenant reads only the generic message and its code.
-                log.error("the store refused job %s's result (%s): %s", f.result.job_id,
-                          UNSTORABLE_RESULT_CODE, exc)
-                try:
-                    with self.session_factory.begin() as session:
-                        finish_jobs(
-                            session=session,
-                            results=[
-                                JobResult(
-                                    job_id=f.result.job_id,
-                                    status="failed",
-                                    error=UNSTORABLE_RESULT_ERROR,
-                                )
-                            ],
-                            worker_id=self.worker_id,
-                        )
-                except Exception as exc2:
-                    if is_transient(exc2):
-                        raise
-                    log.exception("could not store job %s, not even as failed", f.result.job_id)
-                    unstored.append(f)
-        return unstored
 
     def _hand_back(self, handed: list[HeldJob], *, uncount: bool) -> None:
         """Requeue in SQL (``uncount``: the attempt does not count), then re-publish."""

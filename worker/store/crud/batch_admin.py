@@ -1,5 +1,6 @@
 """Data access the API's batch control plane needs beyond ``crud.batches``: listing per
-tenant, expansion progress, a batch's jobs in input order, bulk cancel, expiry."""
+tenant, expansion progress, a batch's jobs in input order, expiry, a batch's status. (A
+batch's jobs are cancelled by ``worker.jobs.cancel``.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from worker.store.base import utcnow
 from worker.store.job_lifecycle import OPEN
-from worker.store.models import Batch, BatchProgress, Job, JobStatus
+from worker.store.models import Batch, BatchProgress, Job
 
 
 def list_batches(
@@ -73,22 +74,6 @@ def batch_jobs_in_order(
         select(Job).where(Job.batch_id == batch_id, Job.id > after_id).order_by(Job.id).limit(limit)
     )
     return list(session.scalars(stmt))
-
-
-def running_job_ids(*, session: Session, batch_id: str) -> list[str]:
-    """Ids of the batch's running jobs (those need a cancel signal to their worker)."""
-    stmt = select(Job.id).where(Job.batch_id == batch_id, Job.status == JobStatus.RUNNING.value)
-    return list(session.scalars(stmt))
-
-
-def cancel_queued_jobs(*, session: Session, batch_id: str) -> int:
-    """Cancel every still-queued job of a batch at once; returns how many."""
-    res = session.execute(
-        update(Job)
-        .where(Job.batch_id == batch_id, Job.status == JobStatus.QUEUED.value)
-        .values(status=JobStatus.CANCELLED.value, finished_at=utcnow(), finish_reason="abort")
-    )
-    return int(res.rowcount)  # type: ignore[attr-defined]
 
 
 def set_batch_status(
