@@ -103,11 +103,6 @@ class BatchRetry(StoredBody):
 JOB_META_FIELDS = frozenset(JobCreate.model_fields)
 
 
-def openai_body(payload: JobCreate) -> dict[str, Any]:
-    """The OpenAI body of a job submission: every field that is not a job field."""
-    return dict(payload.model_extra or {})
-
-
 # What the creates answer, as documented in the OpenAPI schema (the views build the full
 # objects): enough for clients and stateful fuzzing to follow the links by ``id``.
 class JobObject(BaseModel):

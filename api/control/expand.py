@@ -22,11 +22,10 @@ from api.context import Context
 from api.control.batch_ids import line_job_id
 from api.control.input_lines import capped_lines, count_lines
 from api.control.staging import append_errors
-from api.errors import ApiError
-from api.limits import check_request_limits
+from api.control.submit import LineError, Submission, new_job
 from worker.jobs.cancel import cancel_queued_of_batch
 from worker.jobs.enqueue import JobWrite, NotPublished, enqueuing
-from worker.protocol.openai_batch import RequestParseError, format_error_line, parse_request_line
+from worker.protocol.openai_batch import format_error_line
 from worker.store.base import utcnow
 from worker.store.crud.batch_admin import get_progress, set_batch_status
 from worker.store.crud.batches import get_batch
@@ -177,82 +176,32 @@ def _take_line(
     tenant: str,
     seen_ids: set[str | None],
 ) -> None:
+    """One line through the submission path: its job, or its error record."""
     chunk.last_line = line_no
-    custom_id = None
+    line = Submission(
+        tenant=tenant,
+        request=raw,
+        line_no=line_no,
+        endpoint=endpoint,
+        queue_class="batch",
+        batch_id=batch_id,
+        job_id=line_job_id(batch_id, line_no),
+    )
     try:
-        req = parse_request_line(raw, line_number=line_no)
-        custom_id = req.custom_id
-        if req.endpoint != endpoint:
-            raise RequestParseError(
-                f"url {req.endpoint!r} differs from the batch's endpoint {endpoint!r}",
-                param="url",
-                line_number=line_no,
-                custom_id=custom_id,
-            )
-        if custom_id is None:
-            custom_id = f"line-{line_no}"
-        if "\x00" in custom_id or len(custom_id) > 512:
-            raise RequestParseError(
-                "custom_id must be at most 512 characters, without NUL",
-                param="custom_id",
-                line_number=line_no,
-                custom_id=None,
-            )
-        if custom_id in seen_ids:
-            raise RequestParseError(
-                f"duplicate custom_id {custom_id!r}; custom_id must be unique within a batch",
-                param="custom_id",
-                code="duplicate_custom_id",
-                line_number=line_no,
-                custom_id=custom_id,
-            )
-        check_request_limits(
-            req,
-            max_prompt_tokens=ctx.settings.max_prompt_tokens,
-            max_tokens_limit=ctx.settings.max_tokens_limit,
-            max_model_len=ctx.settings.max_model_len,
-        )
-        ctx.check_structured(req.params.structured, patient=True)
-    except RequestParseError as exc:
+        chunk.jobs.append(new_job(ctx, line, seen_ids).job)
+    except LineError as exc:
         chunk.errors.append(
             (
                 line_no,
                 format_error_line(
-                    custom_id=exc.custom_id or custom_id,
-                    request_id=line_job_id(batch_id, line_no),
-                    message=str(exc),
+                    custom_id=exc.custom_id,
+                    request_id=line.job_id,
+                    message=exc.message,
                     code=exc.code,
                     param=exc.param,
                 ),
             )
         )
-        return
-    except ApiError as exc:
-        chunk.errors.append(
-            (
-                line_no,
-                format_error_line(
-                    custom_id=custom_id,
-                    request_id=line_job_id(batch_id, line_no),
-                    message=f"line {line_no}: {exc.message}",
-                    code=exc.code or "invalid_request",
-                    param=exc.param,
-                ),
-            )
-        )
-        return
-    seen_ids.add(custom_id)
-    chunk.jobs.append(
-        NewJob(
-            id=line_job_id(batch_id, line_no),
-            request={"url": endpoint, "body": req.body},
-            tenant=tenant,
-            queue_class="batch",
-            priority=0,
-            custom_id=custom_id,
-            batch_id=batch_id,
-        )
-    )
 
 
 def _commit_chunk(

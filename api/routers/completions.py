@@ -2,7 +2,7 @@
 ``POST /v1/chat/completions`` and ``POST /v1/completions``.
 
 Each request becomes one job in the ``interactive`` queue class through the same
-submission path as ``POST /v1/jobs`` (:mod:`api.submit`: validation, limits, queue
+submission path as ``POST /v1/jobs`` (:mod:`api.control.submit`: validation, limits, queue
 backpressure, quotas, enqueue), and the answer waits for it (:mod:`api.job_waiter`):
 
 - without ``stream``: OpenAI's ``chat.completion`` / ``text_completion`` object once the
@@ -31,13 +31,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.context import Context
+from api.control.submit import Submission, submit_job
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, error_response
 from api.job_waiter import Ended, Stopped, TextDelta, job_events, read_job
-from api.submit import Submission, check_submission, submit_job
 from api.views import response_body, usage
 from worker.jobs.cancel import request_cancel
-from worker.protocol.limits import check_id
 from worker.protocol.openai_batch import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
 from worker.queue.job_events import DELTAS, END
 
@@ -135,23 +134,20 @@ async def _serve(
     body = dict(payload)
     stream, include_usage = _transport(body)
     detach = _detached(detach_header)
-    if idempotency_key is not None:
-        check_id(idempotency_key, param="Idempotency-Key")
-    sub = Submission(endpoint=endpoint, body=body, queue_class="interactive",
-                     idempotency_key=idempotency_key, events=DELTAS if stream else END)
-    req = await run_in_threadpool(check_submission, ctx, sub)
-    done = await run_in_threadpool(submit_job, ctx, tenant, sub)
+    sub = Submission(tenant=tenant, request=body, endpoint=endpoint, queue_class="interactive",
+                     key_header=idempotency_key, events=DELTAS if stream else END)
+    done = await run_in_threadpool(submit_job, ctx, sub)
     answer = _Answer(
         ctx=ctx,
-        job_id=done.job_id,
+        job_id=done.job.id,
         is_chat=endpoint == CHAT_ENDPOINT,
         model=str(body.get("model") or ctx.settings.model_name),
-        n=req.params.n,
+        n=done.request.params.n,
         include_usage=include_usage,
         detach=detach,
         deadline=time.monotonic() + ctx.settings.completion_timeout,
     )
-    headers = {JOB_ID_HEADER: done.job_id}
+    headers = {JOB_ID_HEADER: done.job.id}
     if stream:
         return StreamingResponse(
             answer.events(request),

@@ -8,16 +8,14 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 
 from api.context import Context
+from api.control.submit import Submission, submit_job
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, known_id, not_found
 from api.openapi_links import links_to
 from api.ownership import owned_batch
-from api.schemas import JobCreate, JobObject, openai_body
-from api.submit import Submission, check_submission, submit_job
+from api.schemas import JobCreate, JobObject
 from api.views import job_view
 from worker.jobs.cancel import request_cancel
-from worker.protocol.limits import check_id
-from worker.protocol.openai_batch import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
 from worker.store.crud.api_jobs import get_api_job, get_job_with_meta
 from worker.store.crud.jobs import get_job, list_jobs
 from worker.store.models import Job
@@ -62,24 +60,8 @@ def create_job(
     tenant: TenantDep,
 ) -> JSONResponse:
     """Submit one chat-completions or completions request as a job."""
-    body = openai_body(payload)
-    endpoint = payload.endpoint or (CHAT_ENDPOINT if "messages" in body else COMPLETIONS_ENDPOINT)
-    sub = Submission(
-        endpoint=endpoint,
-        body=body,
-        queue_class=payload.queue_class,
-        priority=payload.priority,
-        custom_id=payload.custom_id,
-        callback_url=payload.callback_url,
-        idempotency_key=idempotency_key or payload.idempotency_key,
-    )
-    check_submission(ctx, sub)
-    if idempotency_key is not None:
-        check_id(idempotency_key, param="Idempotency-Key")
-    if payload.idempotency_key is not None:
-        check_id(payload.idempotency_key, param="idempotency_key")
-    done = submit_job(ctx, tenant, sub)
-    view = _view(ctx, _owned_job(ctx, tenant, done.job_id))
+    done = submit_job(ctx, Submission.of_job(payload, tenant=tenant, key_header=idempotency_key))
+    view = job_view(done.job, model_name=ctx.settings.model_name, meta=done.meta)
     if done.replayed:
         return JSONResponse(view, status_code=200, headers={"Idempotent-Replayed": "true"})
     return JSONResponse(view, status_code=201)

@@ -1,5 +1,7 @@
 """``inflight enqueue INPUT.jsonl``: one job per line (the ``inflight generate`` line
-formats), committed to SQL and then published to Redis; prints the job ids."""
+formats), made by the API's submission path (``api.control.submit.new_job``: the checks,
+limits and custom_id rule of ``POST /v1/jobs`` and batch expansion), committed to SQL and
+then published to Redis; prints the job ids."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "enqueue",
         help="enqueue every line of a JSONL file as a job",
         description="Each line is an OpenAI Batch line {custom_id, method, url, body} or a plain "
-        '{"prompt": ...} / {"messages": [...]} line with sampling fields. Invalid lines are '
-        "reported on stderr and not enqueued (exit status 1). Prints one job id per line.",
+        '{"prompt": ...} / {"messages": [...]} line with sampling fields. Each line passes the '
+        "API's submission checks (INFLIGHT_MAX_PROMPT_TOKENS, INFLIGHT_MAX_TOKENS_LIMIT, "
+        "INFLIGHT_MAX_MODEL_LEN, the structured-output check); invalid lines are reported on "
+        "stderr and not enqueued (exit status 1). Prints one job id per line.",
     )
     p.add_argument("input", help="JSONL file ('-' for stdin)")
     p.add_argument("--class", dest="queue_class", choices=("batch", "interactive"), default="batch")
@@ -53,14 +57,12 @@ def run(args: argparse.Namespace) -> int:
     re-run with the same --batch-id continues without duplicates."""
     import redis
 
+    from api.context import make_context
+    from api.control.submit import LineError, Submission, new_job
+    from api.settings import Settings
     from worker.jobs.enqueue import NotPublished, enqueue
     from worker.protocol.limits import LimitError, check_tenant
-    from worker.protocol.openai_batch import RequestParseError, parse_request_line
     from worker.queue.admission import QueueRefused
-    from worker.queue.connection import make_redis, redis_url
-    from worker.queue.keys import QueueKeys
-    from worker.store.crud.jobs import keyed_job_id
-    from worker.store.db import database_url, make_engine, make_session_factory
     from worker.store.schemas import NewJob
     from worker.telemetry.setup import configure_telemetry, shutdown_telemetry
 
@@ -70,14 +72,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     configure_telemetry("inflight-enqueue")
-    db = make_engine(url=database_url(args.database_url))
-    session_factory = make_session_factory(engine=db)
-    client = make_redis(url=redis_url(args.redis_url))
-    keys = QueueKeys(prefix=args.prefix)
+    # the API's settings and context: its request limits and structured-output check
+    ctx = make_context(Settings.from_env(
+        database_url=args.database_url, redis_url=args.redis_url, prefix=args.prefix
+    ))
     bad = 0
     total = 0
     pending: list[NewJob] = []
-    seen: set[str] = set()
+    seen: set[str | None] | None = set() if args.batch_id is not None else None
     stopped: str | None = None
 
     def printed(ids: list[str]) -> None:
@@ -87,12 +89,12 @@ def run(args: argparse.Namespace) -> int:
 
     def flush() -> None:
         while pending:
-            part = pending[: admit_room(args, client, keys, len(pending))]
+            part = pending[: admit_room(args, ctx.redis, ctx.keys, len(pending))]
             try:
                 ids = enqueue(
-                    session_factory=session_factory,
-                    redis_client=client,
-                    keys=keys,
+                    session_factory=ctx.session_factory,
+                    redis_client=ctx.redis,
+                    keys=ctx.keys,
                     jobs=part,
                     skip_existing=args.batch_id is not None,
                 )
@@ -105,30 +107,14 @@ def run(args: argparse.Namespace) -> int:
     stream = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # noqa: SIM115
     try:
         for number, line in _lines(stream):
+            sub = Submission(tenant=args.tenant, request=line, line_no=number,
+                             queue_class=args.queue_class, priority=args.priority,
+                             batch_id=args.batch_id)
             try:
-                req = parse_request_line(line, line_number=number)
-            except RequestParseError as exc:
-                print(f"error: {exc}", file=sys.stderr)
+                pending.append(new_job(ctx, sub, seen).job)
+            except LineError as exc:
+                print(f"error: {exc.message}", file=sys.stderr)
                 bad += 1
-                continue
-            key = req.custom_id or f"line-{number}"
-            if args.batch_id is not None and key in seen:
-                print(f"error: line {number}: duplicate custom_id {key!r} in this batch",
-                      file=sys.stderr)
-                bad += 1
-                continue
-            seen.add(key)
-            pending.append(
-                NewJob(
-                    id=keyed_job_id(args.batch_id, key) if args.batch_id else "",
-                    request={"url": req.endpoint, "body": req.body},
-                    tenant=args.tenant,
-                    queue_class=args.queue_class,
-                    priority=args.priority,
-                    custom_id=req.custom_id,
-                    batch_id=args.batch_id,
-                )
-            )
             if len(pending) >= CHUNK:
                 flush()
         flush()
@@ -137,8 +123,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()
-        client.close()
-        db.dispose()
+        ctx.close()
         shutdown_telemetry()  # exports the enqueue spans before the process ends
     print(
         f"enqueued {total} jobs"

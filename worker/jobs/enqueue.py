@@ -19,8 +19,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from worker.queue.keys import QueueKeys
 from worker.queue.message import JobMessage
 from worker.queue.producer import publish
+from worker.store.base import utcnow
 from worker.store.crud.job_status import create_jobs
 from worker.store.crud.jobs import new_job_id
+from worker.store.models.job import Job, JobStatus
 from worker.store.schemas import NewJob
 from worker.telemetry.enqueue_spans import EnqueuedJob, enqueue_spans
 
@@ -45,14 +47,41 @@ class JobWrite:
         self.session = session
         self._jobs, self._skip_existing = jobs, skip_existing
         self.inserted: list[str] = []
+        self.queued_at = utcnow()
 
     def insert(self) -> list[str]:
         """Insert the jobs in this transaction; returns the ids inserted (with
         ``skip_existing``, the ids already stored are left out)."""
+        self.queued_at = utcnow()
         self.inserted = create_jobs(
-            session=self.session, jobs=self._jobs, skip_existing=self._skip_existing
+            session=self.session,
+            jobs=self._jobs,
+            now=self.queued_at,
+            skip_existing=self._skip_existing,
         )
         return self.inserted
+
+    def insert_rows(self) -> list[Job]:
+        """:meth:`insert`, returning the jobs inserted as the rows just written (made from
+        the values inserted, not read back; an ORM object per job, so for an answer, not a
+        bulk producer): queued at ``queued_at``, no attempt yet."""
+        fresh = set(self.insert())
+        return [
+            Job(
+                id=j.id,
+                tenant=j.tenant,
+                batch_id=j.batch_id,
+                custom_id=j.custom_id,
+                queue_class=j.queue_class,
+                status=JobStatus.QUEUED.value,
+                priority=j.priority,
+                request=j.request,
+                queued_at=self.queued_at,
+                attempts=0,
+            )
+            for j in self._jobs
+            if j.id in fresh
+        ]
 
 
 @contextmanager
