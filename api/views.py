@@ -58,10 +58,12 @@ def usage(job: Job) -> dict[str, int] | None:
 
 
 def job_view(
-    job: Job, *, model_name: str, meta: ApiJob | None = None, full: bool = True
+    job: Job, *, model_name: str, meta: ApiJob | None = None, full: bool = True,
+    request: tuple[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The job object: status, timeline, result and usage."""
-    endpoint, body = split_stored(job.request)
+    """The job object: status, timeline, result and usage. ``request``: the stored request
+    as (endpoint, body) when the caller has it in hand (a submission), else split here."""
+    endpoint, body = request or split_stored(job.request)
     out: dict[str, Any] = {
         "id": job.id,
         "object": "job",

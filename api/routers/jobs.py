@@ -61,7 +61,8 @@ def create_job(
 ) -> JSONResponse:
     """Submit one chat-completions or completions request as a job."""
     done = submit_job(ctx, Submission.of_job(payload, tenant=tenant, key_header=idempotency_key))
-    view = job_view(done.job, model_name=ctx.settings.model_name, meta=done.meta)
+    view = job_view(done.job, model_name=ctx.settings.model_name, meta=done.meta,
+                    request=(done.request.endpoint, done.request.body))
     if done.replayed:
         return JSONResponse(view, status_code=200, headers={"Idempotent-Replayed": "true"})
     return JSONResponse(view, status_code=201)
