@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tests/
-    from tests.paged_batch import make_paged_batch
+    from tests.kernels.paged_batch import make_paged_batch
 
     torch.set_num_threads(args.threads)
     batch = make_paged_batch([args.context] * args.seqs, 16, 3, 64, seed=1)

@@ -65,12 +65,12 @@ def _can_run_pytest_on_cuda(rec: Recorder, ws: Workspace, name: str, off_cuda: s
 
 
 def kernel_tests(rec: Recorder, ws: Workspace) -> None:
-    """tests/test_kernels_triton.py compiled on CUDA (same grids as under the interpreter)."""
+    """tests/kernels/test_triton.py compiled on CUDA (same grids as under the interpreter)."""
     name = "Triton kernel tests on CUDA"
     if not _can_run_pytest_on_cuda(rec, ws, name, "the test suite runs them under the "
                                                   "Triton interpreter"):
         return
-    result = run_pytest(["tests/test_kernels_triton.py"], timeout_s=ws.plan.kernel_tests_timeout_s,
+    result = run_pytest(["tests/kernels/test_triton.py"], timeout_s=ws.plan.kernel_tests_timeout_s,
                         env={"INFLIGHT_TRITON_TEST_DEVICE": "cuda", "TRITON_INTERPRET": None})
     _record_pytest(rec, name, result)
 

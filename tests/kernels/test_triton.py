@@ -42,7 +42,7 @@ import torch
 from kernels import reference
 from kernels.attention_backend import TORCH_BACKEND
 from kernels.backend import get_backend
-from tests.paged_batch import PagedBatch, cu_seqlens, make_paged_batch
+from tests.kernels.paged_batch import PagedBatch, cu_seqlens, make_paged_batch
 
 if importlib.util.find_spec("triton") is None:  # found, not imported: see the docstring
     pytest.skip("triton is not installed: the Triton kernels cannot run", allow_module_level=True)
@@ -236,7 +236,7 @@ def drop_before_window(batch: PagedBatch, q_lens: list[int], window: int) -> tup
     """A copy of ``batch`` whose blocks wholly before the window of each sequence's first
     query are NaN with table entries -1, the caches one NaN guard block into their buffer
     (where a -1 entry leads). Returns it and the number of blocks dropped. (The same as
-    ``drop_blocks_before_window`` in tests/test_kernels_reference.py, which this file cannot
+    ``drop_blocks_before_window`` in tests/kernels/test_reference.py, which this file cannot
     import: that one needs hypothesis, GPU machines carry only torch, triton and pytest.)
     """
     if window == 0:

@@ -1,6 +1,6 @@
 """The native C++ CPU paged-attention kernel against the pure-torch reference and float64.
 
-The paged batches come from tests/test_kernels_reference.py: shuffled blocks, NaN in every
+The paged batches come from tests/kernels/test_reference.py: shuffled blocks, NaN in every
 unused slot and past-the-end table entry, so a read outside a sequence's context fails;
 with a sliding window, the blocks wholly before it are NaN too and their table entries -1.
 The extension is built on first use (g++ and ninja); a machine that cannot build it fails
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernels import cpu_native, get_backend, reference
-from tests.test_kernels_reference import (
+from tests.kernels.test_reference import (
     RAGGED,
     SOFTCAPS,
     WINDOW_CONTEXTS,

@@ -49,7 +49,7 @@ def test_a_live_build_is_waited_for_not_broken(tmp_path: Path) -> None:
     )
     child = subprocess.Popen(
         [sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "holding"

@@ -6,7 +6,7 @@ an optional soft-cap, an explicit mask (causal, and Hugging Face's sliding windo
 ``kv_idx > q_idx - window`` when one is given) and a softmax. Unused cache slots hold NaN,
 so reading one fails; with a window, the blocks wholly before it are NaN and their table
 entries -1 (:func:`drop_blocks_before_window`), so reading one of those fails too.
-The paged-batch builder lives in tests/paged_batch.py (shared with the Triton and native tests).
+The paged-batch builder lives in tests/kernels/paged_batch.py (shared with the Triton and native tests).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels import reference
-from tests.paged_batch import PagedBatch, cu_seqlens, make_paged_batch
+from tests.kernels.paged_batch import PagedBatch, cu_seqlens, make_paged_batch
 
 
 def naive_attention(

@@ -25,7 +25,7 @@ from worker.store.job_lifecycle import (
     sources,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STATUS_WRITES = "worker/store/crud/job_status.py"
 LIFECYCLE = "worker/jobs/"
 

@@ -9,7 +9,7 @@ import yaml
 
 from worker.cli.main import SUBCOMMANDS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_service_command_exists() -> None:

@@ -1,6 +1,6 @@
 """A paged KV cache filled with random keys and values, shared by the kernel tests.
 
-No test framework here (no pytest, no hypothesis): tests/test_kernels_triton.py imports
+No test framework here (no pytest, no hypothesis): tests/kernels/test_triton.py imports
 it on GPU machines that carry only torch, triton and pytest. Tensors are created on the
 default device (``with torch.device("cuda"):`` puts the whole batch there).
 """
