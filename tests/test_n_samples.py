@@ -53,3 +53,15 @@ def test_abort_of_a_request_with_samples_ends_all_of_them() -> None:
     assert outputs["multi"].finish_reason == "abort"
     assert len(outputs["multi"].samples) == 4
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_samples_forked_from_an_unusable_row_fail_with_it() -> None:
+    engine = LLMEngine(model="tiny-llama", num_kv_blocks=128)
+    bad = SamplingParams(n=3, temperature=1.0, seed=2, max_tokens=5, logit_bias={10**7: 1.0})
+    engine.add_request("bad", [5, 6, 7, 8, 9], bad)
+    outputs = drain(engine)["outputs"]
+    out = outputs["bad"]
+    assert out.finish_reason == "abort" and out.error and "logit_bias" in out.error
+    assert [(s.index, s.finish_reason, s.token_ids) for s in out.samples] == [(k, "abort", []) for k in range(3)]
+    assert not engine.requests
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks

@@ -9,9 +9,12 @@ from worker.engine.outputs import RequestMetrics
 from worker.engine.scheduler import Scheduler
 from worker.engine.scheduling_policy import SHIELD_AFTER_PREEMPTIONS, pick_victim
 from worker.engine.sequence import Sequence, SequenceStatus
+from worker.engine.stopping import StopChecker
 from worker.protocol.sampling_params import SamplingParams
 
 _clock = itertools.count()
+# The scheduler alone: the tests append and remove themselves, so nothing is stop-checked.
+NO_STOPS = StopChecker(tokenizer=None, eos_token_ids=set(), max_model_len=1 << 20)
 
 
 def make_seq(prompt_len: int, max_tokens: int, *, priority: int = 0, tenant: str | None = None) -> Sequence:
@@ -23,13 +26,13 @@ def make_seq(prompt_len: int, max_tokens: int, *, priority: int = 0, tenant: str
 
 
 def make_scheduler(policy: str, *, blocks: int = 64, seqs: int = 8, budget: int = 256) -> Scheduler:
-    return Scheduler(block_manager=BlockManager(blocks, 4), max_num_seqs=seqs,
+    return Scheduler(block_manager=BlockManager(blocks, 4), stop_checker=NO_STOPS, max_num_seqs=seqs,
                      max_num_batched_tokens=budget, policy=policy)
 
 
 def step(sched: Scheduler):
     """Run one simulated step: computed tokens advance, sampling appends token 7."""
-    out = sched.schedule()
+    out = sched.schedule(0, 0.0)
     for s in out.scheduled:
         samples = s.samples
         s.seq.num_computed_tokens += s.num_new_tokens

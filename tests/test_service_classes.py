@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 
 from tests.conftest import prompt_token_lists
+from tests.test_policies import NO_STOPS
 from worker.engine import LLMEngine, SamplingParams
 from worker.engine.block_manager import BlockManager
 from worker.engine.outputs import RequestMetrics
@@ -30,13 +31,14 @@ def make_seq(prompt_len: int, max_tokens: int, service_class: str) -> Sequence:
 
 def scheduler(*, seqs: int = 8, budget: int = 256, blocks: int = 256, reserve_seqs: int = 2,
               reserve_tokens: int = 32, priority: bool = True) -> Scheduler:
-    return Scheduler(block_manager=BlockManager(blocks, 4), max_num_seqs=seqs, max_num_batched_tokens=budget,
+    return Scheduler(block_manager=BlockManager(blocks, 4), stop_checker=NO_STOPS, max_num_seqs=seqs,
+                     max_num_batched_tokens=budget,
                      interactive_reserve_seqs=reserve_seqs, interactive_reserve_tokens=reserve_tokens,
                      interactive_priority=priority)
 
 
 def sim_step(sched: Scheduler):
-    out = sched.schedule()
+    out = sched.schedule(0, 0.0)
     for s in out.scheduled:
         s.seq.num_computed_tokens += s.num_new_tokens
         if s.samples:
@@ -200,7 +202,8 @@ def test_top_shows_running_and_waiting_per_class() -> None:
 
 
 def test_a_whole_batch_prompt_longer_than_the_unreserved_budget_still_runs() -> None:
-    sched = Scheduler(block_manager=BlockManager(256, 4), max_num_seqs=8, max_num_batched_tokens=64,
+    sched = Scheduler(block_manager=BlockManager(256, 4), stop_checker=NO_STOPS, max_num_seqs=8,
+                      max_num_batched_tokens=64,
                       enable_chunked_prefill=False, interactive_reserve_seqs=2,
                       interactive_reserve_tokens=16, interactive_priority=True)
     long = make_seq(60, 2, "batch")  # more than 64 - 16: the reserve would never let it in

@@ -93,7 +93,7 @@ def test_drafts_are_dropped_rather_than_preempting_another_sequence() -> None:
     step(sched)  # both prefill: 7 tokens + the sampled one = 2 blocks each, pool full
     assert sched.block_manager.num_free_blocks == 0
     a.draft_token_ids = [7, 7, 7]  # would need a third block
-    out = sched.schedule()
+    out = sched.schedule(0, 0.0)
     assert not out.preempted  # the guesses went, not b
     assert [s.num_draft_tokens for s in out.scheduled] == [0, 0]
     assert a.draft_token_ids == []
@@ -107,7 +107,7 @@ def test_drafts_that_fit_in_free_blocks_are_kept() -> None:
     sched.add(a)
     step(sched)
     a.draft_token_ids = [7, 7, 7]
-    out = sched.schedule()
+    out = sched.schedule(0, 0.0)
     assert [(s.num_new_tokens, s.num_draft_tokens) for s in out.scheduled] == [(4, 3)]
 
 

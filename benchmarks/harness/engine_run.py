@@ -28,6 +28,7 @@ def configure(engine: LLMEngine, *, max_num_seqs: int, policy: str,
         raise RuntimeError("the engine must be drained before it is reconfigured")
     scheduler = Scheduler(
         block_manager=engine.block_manager,
+        stop_checker=engine.scheduler.stop_checker,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=engine.args.max_num_batched_tokens,
         policy=policy,

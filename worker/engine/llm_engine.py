@@ -1,8 +1,9 @@
 """The incremental engine: add requests, step, collect outputs. No Redis, no SQL.
 
-``step()`` is schedule -> execute -> update: the scheduler plans the step, the model
-runner computes the planned rows, the sampler and the draft verifier pick the tokens,
-and ``Scheduler.update`` appends them, stops and frees what ended.
+``step()`` is schedule -> run -> sample -> update: the scheduler plans the step, the
+model runner computes the planned rows, the sampler and the draft verifier pick the
+tokens, and ``Scheduler.update_from_output`` appends them, stops and frees what ended;
+the request tracker turns that into the step's outputs.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from worker.engine.sampler import Sampler
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
 from worker.engine.speculation import NgramSpeculator
-from worker.engine.step_plan import SampledTokens, ScheduledSequence
+from worker.engine.step_plan import SchedulerOutput
 from worker.engine.step_sampling import sample_step
-from worker.engine.step_stats import step_stats
+from worker.engine.step_stats import StepTimer, step_stats
 from worker.engine.stopping import StopChecker
 from worker.engine.structured import Grammars
 from worker.engine.swap import make_swapper
@@ -52,6 +53,8 @@ class LLMEngine:
                                     min_tokens=args.swap_min_tokens)
         self.scheduler = Scheduler(
             block_manager=self.block_manager, max_num_seqs=args.max_num_seqs,
+            stop_checker=StopChecker(tokenizer=self.tokenizer, eos_token_ids=runner.eos_token_ids,
+                                     max_model_len=runner.max_model_len),
             max_num_batched_tokens=args.max_num_batched_tokens, policy=args.policy,
             enable_chunked_prefill=args.enable_chunked_prefill, tenant_weights=args.tenant_weights,
             swap=self.swapper.manager if self.swapper is not None else None,
@@ -62,11 +65,7 @@ class LLMEngine:
         self.sampler = Sampler(eos_token_ids=runner.eos_token_ids, device=runner.device, seed=args.seed)
         self.grammars = Grammars(self.tokenizer, vocab_size=runner.vocab_size,
                                  eos_token_ids=runner.eos_token_ids)
-        self.tracker = RequestTracker(
-            stop_checker=StopChecker(tokenizer=self.tokenizer, eos_token_ids=runner.eos_token_ids,
-                                     max_model_len=runner.max_model_len),
-            device=runner.device,
-        )
+        self.tracker = RequestTracker()
         self.limits = RequestLimits(
             vocab_size=runner.vocab_size, max_model_len=runner.max_model_len,
             pool_tokens=runner.num_blocks * args.block_size, device=runner.device,
@@ -135,7 +134,9 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         """Stop a request (all its samples) now and free its KV; the next step reports it
         with reason abort."""
-        self.tracker.abort(request_id, self.scheduler)
+        for seq in self.tracker.unfinished(request_id):
+            self.scheduler.finish(seq, "abort")
+            self.tracker.aborted.append(seq)
 
     def has_unfinished_requests(self) -> bool:
         """True while any request waits, runs, or has an abort still to report."""
@@ -174,44 +175,41 @@ class LLMEngine:
 
     # -- the step ---------------------------------------------------------------------
     def step(self) -> tuple[list[RequestOutput], StepStats]:
-        """Schedule, execute, update: one forward pass, its tokens, what finished."""
-        start = time.time()
-        t0 = time.perf_counter()
-        waiting_before = len(self.scheduler.waiting)
-        outputs = self.tracker.report_aborted(start)
+        """Schedule, run, sample, update: one forward pass, its tokens, what finished."""
+        timer = StepTimer(waiting_before=len(self.scheduler.waiting))
+        outputs = self.tracker.report_aborted(timer.start)  # aborted since the last step
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
-        plan = self.scheduler.schedule()
-        t1 = time.perf_counter()
+        plan = self.scheduler.schedule(self.step_index, timer.start)
+        timer.lap()  # schedule
+        logits = self._run(plan)
+        timer.lap()  # forward
+        forks = self.scheduler.fork(plan)  # n > 1: the other samples of the prompts just run
+        sampled = sample_step(plan, logits, self.sampler, forks)
+        appended = self.scheduler.update_from_output(plan, sampled)
+        outputs += self.tracker.outputs(appended, time.time())
+        timer.lap()  # sample
+        return outputs, self._count(plan, outputs, timer, sampled.num_accepted)
+
+    def _run(self, plan: SchedulerOutput) -> torch.Tensor | None:
+        """The block copies the plan needs, then its forward: logits ``[rows, vocab]`` laid
+        out as ``plan.logits_rows`` (None when nothing runs); the prompt logprobs asked for
+        are recorded from them."""
         self.runner.copy_blocks(plan.block_copies)  # copy-on-write, before anything writes
         if self.swapper is not None:
             self.swapper.apply()  # swapped KV out to the host and back, before the forward
-        logits = self.runner.execute(plan) if not plan.is_empty else None
-        if logits is not None and plan.logits_rows.prompt_rows:
+        if plan.is_empty:
+            return None
+        logits = self.runner.execute(plan)
+        if plan.logits_rows.prompt_rows:
             record_prompt_logprobs(plan, logits)
-        t2 = time.perf_counter()
-        self.tracker.note_scheduled(plan, self.step_index, start)
-        sampled: list[SampledTokens] = []
-        failed: list[tuple[Sequence, str]] = []
-        num_accepted = 0
-        if logits is not None and plan.logits_rows.owners:
-            sampled, num_accepted, failed = sample_step(plan, logits, self.sampler, self._fork)
-        appended = self.scheduler.update(plan, sampled, self.tracker.check_stop)
-        done = time.time()
-        outputs += self.tracker.outputs(appended, done)
-        for seq, error in failed:  # rows the sampler could not use fail alone, now
-            self.tracker.fail(seq, error, self.scheduler)
-        if failed:
-            outputs += self.tracker.report_aborted(done)
-        t3 = time.perf_counter()
-        stats = step_stats(
-            self.step_index, plan, self.scheduler, outputs, timings=(start, t1 - t0, t2 - t1, t3 - t2),
-            waiting_before=waiting_before, num_accepted=num_accepted,
-        )
+        return logits
+
+    def _count(self, plan: SchedulerOutput, outputs: list[RequestOutput], timer: StepTimer,
+               num_accepted: int) -> StepStats:
+        """The step's StepStats; the step and draft counters move on."""
+        stats = step_stats(self.step_index, plan, self.scheduler, outputs, timer, num_accepted)
         self.step_index += 1
         self.total_draft_tokens += stats.num_draft_tokens
         self.total_accepted_tokens += num_accepted
-        return outputs, stats
-
-    def _fork(self, s: ScheduledSequence, logits_row: torch.Tensor) -> list[SampledTokens]:
-        return self.tracker.fork(s, logits_row, sampler=self.sampler, scheduler=self.scheduler)
+        return stats

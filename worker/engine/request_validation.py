@@ -14,7 +14,7 @@ import torch
 
 from worker.engine.outputs import RequestMetrics
 from worker.engine.sampler import make_generator
-from worker.engine.sequence import Sequence
+from worker.engine.sequence import SampleGroup, Sequence
 from worker.protocol.sampling_params import InvalidRequestError, SamplingParams
 
 
@@ -98,7 +98,7 @@ def new_sequence(
             f"the prompt has {n} tokens, more than max_num_batched_tokens="
             f"{limits.max_prompt_tokens} with chunked prefill off: no step could run it"
         )
-    return Sequence(
+    seq = Sequence(
         request_id=request_id,
         prompt_token_ids=list(prompt_token_ids),
         params=params,
@@ -109,3 +109,6 @@ def new_sequence(
         generator=make_generator(params.seed, limits.device),
         max_tokens=max_tokens,
     )
+    if params.n > 1:  # sample 0 prefills; the scheduler forks the others from it
+        seq.group_id, seq.group = request_id, SampleGroup(params.n, [seq])
+    return seq

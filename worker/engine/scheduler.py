@@ -1,66 +1,48 @@
-"""Iteration-level scheduling under one token budget, and the bookkeeping after a step.
+"""The scheduler: the engine's queues and the two calls of a step around the forward.
 
-``schedule()``, each step: running sequences first (a decode token each, the next
-prefill chunk of a partially prefilled one, or a token plus its drafts), then admission
-of waiting sequences while KV blocks, sequence slots and the step's token budget allow.
-The budget rule: the query rows of all scheduled sequences add up to at most
-``max_num_batched_tokens``. ``num_computed_tokens`` catching up with ``num_tokens`` is
-the only rule: chunked prefill, prefix-cache hits and resumption after preemption all
-fall out of it. When a running sequence cannot get a block, the newest (or
-lowest-priority) running sequence is preempted by recompute. The plan lists decodes
-first (see ``step_plan``).
+``schedule()`` plans the step: running sequences first, then admission of waiting ones
+within the sequence slots, the KV blocks and the token budget, preempting when blocks
+run out (``admission.py``). The plan lists decodes first (see ``step_plan``).
 
-``update(plan, sampled, check_stop)``, after the forward: computed tokens advance,
-sampled tokens are appended, stops are checked, and a finished sequence's blocks are
-freed in the same step. On a model whose every layer has a sliding window, the blocks
-that slid out of the window of a sequence still running are released there too
+``update_from_output(plan, sampled)``, after the forward (as vLLM V1's): computed tokens
+advance, sampled tokens are appended, and the stop checker decides after each one whether
+the sequence ends. ``finish`` is the one place a sequence ends (a stop, a length limit,
+an abort, a row the sampler refused): its final text is set and its blocks are freed in
+the same step. On a model whose every layer has a sliding window, the blocks that slid
+out of the window of a sequence still running are released there too
 (``BlockManager.release_out_of_window``).
 
-Interactive and batch requests (``Sequence.service_class``; every non-cohort policy):
-batch admission stops ``interactive_reserve_seqs`` slots short of ``max_num_seqs`` and
-``interactive_reserve_tokens`` short of the step budget (a running batch prompt's next
-chunk too), so an interactive arrival always finds room. With ``interactive_priority``
-waiting interactive requests are admitted before any batch one (the policy orders each
-class), and one that finds the slots or KV blocks full preempts the lowest-value batch
-runner (``pick_victim`` among batch sequences; swapped or recomputed as any preemption)
-so it starts in the same step; a runner that cannot grow preempts batch runners first.
-
-The ``static`` policy reproduces request-level batching: a cohort is admitted only when
-nothing runs, and runs until its longest member ends. ``static-padded`` is the same
-cohort in lockstep, as Hugging Face ``generate`` runs a batch: a finished member keeps
-its slot and its blocks and computes a pad row every step until the whole cohort ends.
+A request with n > 1 runs one sequence until its prompt is computed; ``fork`` then makes
+the other n - 1 samples, which share its blocks by reference count (copy-on-write on the
+partial last block) and draw their first token from its logits row in the same step.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from itertools import chain
 
 from worker.engine import speculation
+from worker.engine.admission import COHORT_POLICIES, Admission
 from worker.engine.block_manager import BlockManager
-from worker.engine.scheduling_policy import (
-    SHIELD_AFTER_PREEMPTIONS,
-    TenantLedger,
-    next_waiting,
-    pick_victim,
-)
+from worker.engine.scheduling_policy import SHIELD_AFTER_PREEMPTIONS, TenantLedger
 from worker.engine.sequence import Sequence, SequenceStatus
-from worker.engine.step_plan import Appended, SampledTokens, ScheduledSequence, SchedulerOutput
+from worker.engine.step_plan import Appended, SampledStep, ScheduledSequence, SchedulerOutput
+from worker.engine.stopping import StopChecker
 from worker.engine.swap import SwapManager
 
 __all__ = ["SHIELD_AFTER_PREEMPTIONS", "ScheduledSequence", "Scheduler", "SchedulerOutput"]
 
-COHORT_POLICIES = ("static", "static-padded")
 
-
-class Scheduler:
-    """Decides, every step, which sequences run and how many tokens each computes."""
+class Scheduler(Admission):
+    """Decides, every step, which sequences run and how many tokens each computes, and
+    applies what the step gave them."""
 
     def __init__(
         self,
         *,
         block_manager: BlockManager,
+        stop_checker: StopChecker,
         max_num_seqs: int,
         max_num_batched_tokens: int,
         policy: str = "fcfs",
@@ -72,41 +54,40 @@ class Scheduler:
         interactive_priority: bool = False,
     ) -> None:
         self.block_manager = block_manager
-        self.swap = swap  # swap preemption (worker/engine/swap.py); None: recompute only
+        self.stop_checker = stop_checker
+        self.swap = swap
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = policy
         self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.padding: list[Sequence] = []  # static-padded: finished members still in their slot
+        self.padding: list[Sequence] = []
+        self.unforked: set[Sequence] = set()  # first samples of n > 1 requests not yet forked
         self.ledger = TenantLedger(tenant_weights)
-        self._cohort_open = True  # static policies: the cohort still takes members
+        self.cohort_open = True
         classes = policy not in COHORT_POLICIES  # a cohort is formed and run whole
         # batch admission leaves these free; batch keeps at least three quarters of each
         self.reserve_seqs = min(interactive_reserve_seqs, max_num_seqs // 4) if classes else 0
         self.reserve_tokens = min(interactive_reserve_tokens, max_num_batched_tokens // 4) if classes else 0
         self.interactive_priority = interactive_priority and classes
 
-    # -- queue management -------------------------------------------------------------
-    def add_running(self, seq: Sequence) -> None:
-        """Enter a sequence that already holds its KV (a forked sample) straight into running."""
-        seq.status = SequenceStatus.RUNNING
-        self.running.append(seq)
-
+    # -- queues -----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence."""
         if self.policy == "fair":
             self.ledger.on_arrival(seq.tenant, (*self.waiting, *self.running))
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
+        if seq.group is not None:
+            self.unforked.add(seq)
 
     def has_unfinished(self) -> bool:
         """True while anything waits or runs."""
         return bool(self.waiting or self.running)
 
     def remove(self, seq: Sequence, *, keep_cached: bool = True) -> None:
-        """Take a finished or aborted sequence out and free its blocks at once."""
+        """Take a sequence out of the queues and free its blocks at once."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -117,9 +98,31 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         self._end_drained_cohort()
 
+    def finish(
+        self, seq: Sequence, reason: str, *, stop_reason: str | int | None = None,
+        text: str | None = None, error: str | None = None,
+    ) -> None:
+        """End ``seq``, the one place a sequence ends: ``reason`` "stop" or "length" (its
+        stop check), or "abort" (aborted, or its row could not be sampled: ``error``). Its
+        final text is ``text`` (a stop string's cut) or its output decoded; its blocks are
+        freed now, an aborted one's dropped from the prefix cache, except that under
+        ``static-padded`` a member that stopped keeps its slot and blocks as padding until
+        the cohort ends. A first sample that ends before its fork ends its request alone."""
+        seq.finish_reason, seq.stop_reason, seq.error = reason, stop_reason, error
+        seq.text = text if text is not None else self.stop_checker.final_text(seq.output_token_ids, seq.params)
+        if seq.group is not None:
+            self.unforked.discard(seq)
+        if reason == "abort" or self.policy != "static-padded":
+            self.remove(seq, keep_cached=reason != "abort")
+            return
+        self.running.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        self.padding.append(seq)
+
     # -- the step ---------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
-        """Plan one step within the token budget (see the module docstring)."""
+    def schedule(self, step: int, now: float) -> SchedulerOutput:
+        """Plan one step within the token budget (see ``admission``); stamp the sequences
+        that run in it with step number ``step`` (and ``now``, the first time)."""
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         budget = self._schedule_padding(out, budget)
@@ -130,212 +133,72 @@ class Scheduler:
         ) and self._may_admit():
             stopped_by = self._admit_waiting(out, budget)
             if self.policy in COHORT_POLICIES and stopped_by != "budget":
-                self._cohort_open = False  # full, out of blocks, or nothing left to admit
+                self.cohort_open = False  # full, out of blocks, or nothing left to admit
         out.scheduled.sort(key=lambda s: not s.is_decode)  # decodes first (stable)
         for s in out.scheduled:
             self.ledger.charge(s.seq.tenant, s.num_new_tokens)
+            if not s.is_pad:
+                metrics = s.seq.metrics
+                if metrics.first_scheduled_time is None:
+                    metrics.first_scheduled_time, metrics.first_step = now, step
+                metrics.last_step = step
         return out
 
-    def update(
-        self, plan: SchedulerOutput, sampled: list[SampledTokens], check_stop: Callable[[Sequence], bool]
-    ) -> list[Appended]:
-        """Apply a step's results: advance computed tokens, append ``sampled`` (stopping
-        where ``check_stop`` says), free what finished; returns each sampler's result."""
+    def fork(self, plan: SchedulerOutput) -> list[tuple[Sequence, int]]:
+        """Fork the other samples of each n > 1 request whose prompt this step computed:
+        they share its blocks by reference count and run from the next step. Returns each
+        new sample with the logits row of its first sample, to draw its first token from."""
+        if not self.unforked:
+            return []
+        forks: list[tuple[Sequence, int]] = []
+        for s, row in plan.logits_rows.owners:
+            leader, group = s.seq, s.seq.group
+            if group is None or leader not in self.unforked:
+                continue
+            self.unforked.discard(leader)
+            for k in range(1, group.n):
+                child = leader.fork_sample(k)
+                self.block_manager.fork(leader, child)
+                child.num_computed_tokens = s.start + s.num_real_tokens  # the leader's, after this step
+                child.status = SequenceStatus.RUNNING
+                self.running.append(child)
+                group.members.append(child)
+                forks.append((child, row))
+        return forks
+
+    def update_from_output(self, plan: SchedulerOutput, sampled: SampledStep) -> list[Appended]:
+        """Apply a step's results: advance computed tokens, append the sampled tokens, end
+        what stops, fail the rows the sampler refused, and free what ended. Returns what
+        each sequence appended and whether it ended, the failed ones last."""
         bm = self.block_manager
         for s in plan.scheduled:
             if not s.is_pad:  # drafts count as computed only once accepted (below)
                 s.seq.num_computed_tokens = s.start + s.num_real_tokens
                 bm.publish_full_blocks(s.seq)
-        results = []
-        for entry in sampled:
+        results: list[Appended] = []
+        for entry in sampled.tokens:
             seq = entry.seq
             new_tokens: list[int] = []
-            finished = False
+            stop = None
             for token, logprob in entry.tokens:
                 seq.append_token(token, logprob)
                 new_tokens.append(token)
-                if check_stop(seq):
-                    finished = True
+                stop = self.stop_checker.decide(seq)
+                if stop is not None:
                     break
-            if finished:
-                self._finish(seq)
+            if stop is not None:
+                self.finish(seq, stop[0], stop_reason=stop[1], text=stop[2])
             elif entry.num_drafts:
                 speculation.settle_accepted(seq, len(entry.tokens))
                 bm.publish_full_blocks(seq)
-            results.append(Appended(seq, new_tokens, finished))
+            results.append(Appended(seq, new_tokens, stop is not None))
         if bm.window:  # after publishing, so released blocks are findable in the cache
-            for seq in chain((s.seq for s in plan.scheduled), (e.seq for e in sampled)):
+            for seq in chain((s.seq for s in plan.scheduled), (e.seq for e in sampled.tokens)):
                 # running only: a static-padded pad row re-reads one position back
                 if seq.status is SequenceStatus.RUNNING:
                     bm.release_out_of_window(seq)
         self._end_drained_cohort()
+        for seq, error in sampled.failed:
+            self.finish(seq, "abort", error=error)
+            results.append(Appended(seq, [], True))
         return results
-
-    def _finish(self, seq: Sequence) -> None:
-        """A sequence ended: free its blocks now, or (static-padded) keep it as padding."""
-        if self.policy != "static-padded":
-            self.remove(seq)
-            return
-        self.running.remove(seq)
-        seq.status = SequenceStatus.FINISHED
-        self.padding.append(seq)
-
-    def _end_drained_cohort(self) -> None:
-        """Static-padded: once no member runs, the padding rows end and free their blocks."""
-        if self.padding and not self.running:
-            for seq in self.padding:
-                self.block_manager.free(seq)
-            self.padding = []
-
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        bm = self.block_manager
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            room = budget
-            if seq.is_batch and self.reserve_tokens and seq.num_tokens - seq.num_computed_tokens > 1:
-                room = budget - self.reserve_tokens  # a batch prompt chunk leaves the reserve
-                if room <= 0:
-                    i += 1
-                    continue
-            num_new = speculation.fit_drafts(seq, room, bm)
-            target = seq.num_computed_tokens + num_new
-            while not bm.can_grow(seq, target):
-                victim = self._victim()
-                if self.running.index(victim) < i:  # already planned this step: give back
-                    i -= 1
-                    budget += self._preempt(victim, out)
-                else:
-                    self._preempt(victim, out)
-                if victim is seq:
-                    break
-            if seq.status is not SequenceStatus.RUNNING:
-                break  # it preempted itself: every later one is already gone too
-            if bm.needs_copy_on_write(seq):
-                out.block_copies.append(bm.copy_on_write(seq))
-            bm.grow(seq, target)
-            out.scheduled.append(ScheduledSequence(seq, num_new, len(seq.draft_token_ids)))
-            budget -= num_new
-            i += 1
-        return budget
-
-    def _schedule_padding(self, out: SchedulerOutput, budget: int) -> int:
-        """Static-padded: one pad row per finished member, inside the token budget."""
-        num_pads = min(len(self.padding), max(0, budget))
-        for seq in self.padding[:num_pads]:
-            out.scheduled.append(ScheduledSequence(seq, 1, is_pad=True))
-        return budget - num_pads
-
-    def _interactive_waiting(self) -> bool:
-        return self.interactive_priority and any(not s.is_batch for s in self.waiting)
-
-    def _victim(self) -> Sequence:
-        """The runner to preempt: a batch one first when interactive requests have priority."""
-        batch = [s for s in self.running if s.is_batch] if self.interactive_priority else []
-        return pick_victim(self.policy, batch or self.running)
-
-    def _next_waiting(self) -> Sequence:
-        """The policy's next waiting sequence; interactive ones first under priority."""
-        if self.interactive_priority:
-            interactive = [s for s in self.waiting if not s.is_batch]
-            if interactive:
-                return next_waiting(self.policy, interactive, self.ledger)
-        return next_waiting(self.policy, self.waiting, self.ledger)
-
-    def _may_admit(self) -> bool:
-        if self.policy in COHORT_POLICIES:
-            if not self.running:
-                self._end_drained_cohort()
-                self._cohort_open = True  # the previous cohort is done: form the next one
-            return self._cohort_open
-        return True
-
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> str:
-        """Admit waiting sequences; return what stopped admission."""
-        bm = self.block_manager
-        while True:
-            if not self.waiting:
-                return "empty"
-            if budget <= 0:
-                return "budget"
-            seq = self._next_waiting()
-            if seq.is_batch and out.preempted and self.policy != "priority":
-                return "blocks"  # only interactive requests are admitted after a preemption
-            reserve_seqs = self.reserve_seqs if seq.is_batch else 0
-            if len(self.running) + len(self.padding) >= self.max_num_seqs - reserve_seqs:
-                if self._preempt_lower_priority(seq, out):
-                    budget = self.max_num_batched_tokens - sum(s.num_new_tokens for s in out.scheduled)
-                    continue
-                return "slots"
-            # a prompt to score is computed whole: cached blocks would skip its rows
-            fresh = seq.num_computed_tokens == 0 and not seq.block_table
-            hits = bm.match_prefix(seq) if fresh and seq.prompt_logprobs is None else []
-            computed = len(hits) * bm.block_size if hits else seq.num_computed_tokens
-            remaining = seq.num_tokens - computed
-            room = budget - self.reserve_tokens if seq.is_batch else budget
-            if not self.enable_chunked_prefill and remaining > self.max_num_batched_tokens - self.reserve_tokens:
-                room = budget  # a whole prompt the reserve would never let in
-            if room <= 0:
-                return "budget"
-            # Without chunked prefill a prompt waits for a step with room for all of it.
-            # Longer ones are refused at add_request; a recompute after preemption that
-            # has outgrown the budget is chunked, since no step could ever take it whole.
-            if not self.enable_chunked_prefill and room < remaining <= self.max_num_batched_tokens:
-                return "budget"
-            num_new = min(remaining, room)
-            revived = sum(1 for b in hits if bm.ref_counts[b] == 0)
-            needed = bm.blocks_needed(computed + num_new) - len(hits) - len(seq.block_table)
-            if needed + revived > bm.num_free_blocks:
-                if self._preempt_lower_priority(seq, out):
-                    budget = self.max_num_batched_tokens - sum(s.num_new_tokens for s in out.scheduled)
-                    continue
-                return "blocks"
-            self.waiting.remove(seq)
-            if hits:
-                bm.take_cached(seq, hits)
-                out.num_cached_tokens += len(hits) * bm.block_size
-            bm.grow(seq, computed + num_new)
-            if self.swap is not None:
-                self.swap.swap_in(seq)  # its swapped KV is copied into the new blocks
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            out.scheduled.append(ScheduledSequence(seq, num_new))
-            out.num_admitted += 1
-            budget -= num_new
-
-    def _preempt_lower_priority(self, incoming: Sequence, out: SchedulerOutput) -> bool:
-        """Priority policy: make room for ``incoming`` by preempting a lower-priority runner.
-        Interactive priority: an interactive ``incoming`` preempts a batch runner."""
-        batch = [s for s in self.running if s.is_batch]
-        if self.interactive_priority and not incoming.is_batch and batch:
-            # it stays first among the waiting batch sequences (interactive ones go first)
-            self._preempt(pick_victim(self.policy, batch), out)
-            return True
-        if self.policy != "priority" or not self.running:
-            return False
-        victim = pick_victim(self.policy, self.running)
-        if victim.priority >= incoming.priority:
-            return False
-        self._preempt(victim, out)
-        self.waiting.remove(victim)
-        self.waiting.append(victim)  # behind the incoming one, which outranks it
-        return True
-
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
-        """Free ``seq``'s blocks, requeue it first (its KV swapped out to the host, or to be
-        recomputed); return its planned tokens."""
-        self.running.remove(seq)
-        swapped = self.swap is not None and self.swap.swap_out(seq)
-        # a swapped sequence keeps its released (out-of-window) entries: readmission
-        # allocates, and the swap-in fills, only the blocks inside its window
-        self.block_manager.free(seq, keep_released=swapped)
-        if not swapped:
-            seq.num_computed_tokens = 0
-        speculation.drop_drafts(seq)
-        seq.status = SequenceStatus.WAITING
-        seq.metrics.num_preemptions += 1
-        self.waiting.appendleft(seq)
-        out.preempted.append(seq)
-        planned = sum(s.num_new_tokens for s in out.scheduled if s.seq is seq)
-        out.scheduled = [s for s in out.scheduled if s.seq is not seq]
-        return planned

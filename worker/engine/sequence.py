@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from worker.engine.ngram_proposer import NgramIndex
-from worker.engine.outputs import RequestMetrics, TokenLogprob
+from worker.engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
+from worker.engine.sampler import make_generator
 from worker.protocol.sampling_params import SamplingParams
 
 
@@ -19,6 +20,17 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # not yet admitted, or preempted and waiting to resume
     RUNNING = "running"  # holds KV blocks, scheduled every step
     FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class SampleGroup:
+    """The samples of one request with n > 1: sample 0 prefills alone, then the scheduler
+    forks the other n - 1 from it (``Sequence.fork_sample``); each member's final output
+    waits in ``finished`` until every member has ended."""
+
+    n: int
+    members: list[Sequence]  # sample 0 until the fork, then all n
+    finished: dict[int, RequestOutput] = field(default_factory=dict)  # by sample index
 
 
 @dataclass(eq=False)
@@ -52,9 +64,11 @@ class Sequence:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    error: str | None = None  # why it was stopped alone (its row could not be sampled)
     text: str | None = None  # final text, set once at finish
     max_tokens: int = 0  # resolved from params and the context limit at add time
     group_id: str | None = None  # the user's request id; set on every sample when n > 1
+    group: SampleGroup | None = None  # n > 1: the samples of the request, shared by all
     sample_index: int = 0
     draft_token_ids: list[int] = field(default_factory=list)  # speculative, checked next step
     ngram_index: NgramIndex | None = None  # built on the first draft proposal
@@ -98,3 +112,24 @@ class Sequence:
         self.output_token_ids.append(token_id)
         if self.logprobs is not None and logprob is not None:
             self.logprobs.append(logprob)
+
+    def fork_sample(self, k: int) -> Sequence:
+        """Sample ``k`` of this n > 1 request, made from sample 0 once its prompt is computed:
+        same prompt, params and timeline so far, its own generator (seed + k) and grammar
+        matcher; the prompt is scored once, by sample 0. Its KV is the caller's to share."""
+        seed, m = self.params.seed, self.metrics
+        child = Sequence(
+            request_id=f"{self.request_id}#sample{k}", prompt_token_ids=self.prompt_token_ids,
+            params=self.params, metrics=RequestMetrics(
+                arrival_time=m.arrival_time, first_scheduled_time=m.first_scheduled_time,
+                first_step=m.first_step, last_step=m.last_step,
+            ),
+            prompt=self.prompt, priority=self.priority, tenant=self.tenant,
+            service_class=self.service_class,
+            generator=None if seed is None or self.generator is None
+            else make_generator(seed + k, self.generator.device),
+            max_tokens=self.max_tokens, group_id=self.group_id, group=self.group, sample_index=k,
+        )
+        child.grammar = self.grammar.fresh() if self.grammar is not None else None
+        child.prompt_logprobs = None
+        return child

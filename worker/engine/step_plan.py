@@ -3,8 +3,9 @@
 A step is schedule -> execute -> update. The scheduler writes a :class:`SchedulerOutput`
 (which sequences run and how many query rows each computes), the model runner packs it
 and returns logits for the rows that :attr:`SchedulerOutput.logits_rows` names, the
-sampler and the draft verifier turn those rows into :class:`SampledTokens`, and
-``Scheduler.update`` applies them.
+sampler and the draft verifier turn those rows into a :class:`SampledStep`, and
+``Scheduler.update_from_output`` applies it and says, per sequence, what it appended and
+whether it ended (:class:`Appended`).
 
 Kinds of row (each scheduled sequence is exactly one):
 
@@ -157,8 +158,20 @@ class SampledTokens:
 
 
 @dataclass
+class SampledStep:
+    """What sampling a step gives the scheduler's update: the tokens each sampling sequence
+    appends, the sequences whose rows could not be used (and why: they fail alone), and how
+    many drafts were accepted."""
+
+    tokens: list[SampledTokens] = field(default_factory=list)
+    failed: list[tuple[Sequence, str]] = field(default_factory=list)
+    num_accepted: int = 0
+
+
+@dataclass
 class Appended:
-    """One sequence's result of ``Scheduler.update``: its new tokens, and whether it ended."""
+    """One sequence's result of ``Scheduler.update_from_output``: its new tokens, and
+    whether it ended (its ``finish_reason`` says how)."""
 
     seq: Sequence
     new_token_ids: list[int]

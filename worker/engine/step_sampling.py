@@ -1,59 +1,56 @@
 """Turn a step's logits into the tokens each sequence appends: the sampler draws one
-token per plain row, the draft verifier checks the rows of sequences with drafts, and
-requests with n > 1 fork their other samples from the leader's first row. Grammar masks
-are the sampler's ``constrain``: they decide what is drawn, never the logprobs."""
+token per plain row (and the first token of each sample the scheduler forked for an
+n > 1 request, from its leader's row), and the draft verifier checks the rows of
+sequences with drafts. Grammar masks are the sampler's ``constrain``: they decide what is
+drawn, never the logprobs."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
 from worker.engine.sampler import Sampler
 from worker.engine.sequence import Sequence
 from worker.engine.speculation import verify_drafts
-from worker.engine.step_plan import SampledTokens, ScheduledSequence, SchedulerOutput
+from worker.engine.step_plan import SampledStep, SampledTokens, SchedulerOutput
 from worker.engine.structured import grammar_masks
-
-# Called with each plainly sampled sequence and its logits row ``[vocab]`` (no grammar
-# mask in it: each forked sample applies its own grammar's): the samples it forks (empty for all but the first token of an n > 1 request).
-Forker = Callable[[ScheduledSequence, torch.Tensor], list[SampledTokens]]
 
 
 def sample_step(
-    plan: SchedulerOutput, logits: torch.Tensor, sampler: Sampler, fork: Forker
-) -> tuple[list[SampledTokens], int, list[tuple[Sequence, str]]]:
+    plan: SchedulerOutput, logits: torch.Tensor | None, sampler: Sampler,
+    forks: list[tuple[Sequence, int]],
+) -> SampledStep:
     """What every sampling sequence of ``plan`` appends, given ``logits`` ``[rows, vocab]``
-    laid out as ``plan.logits_rows``; how many drafts were accepted; and the sequences whose
-    row the sampler refused (non-finite logits, a bad bias), with its reason: they append
-    nothing and fail alone."""
+    laid out as ``plan.logits_rows`` (None: nothing ran). ``forks`` are the forked samples
+    and their leader's logits row, sampled after the plan's rows in the same batch. A row the sampler refuses (non-finite logits, a bad bias) appends nothing and its
+    sequence fails alone."""
     owners = plan.logits_rows.owners
-    plain = [(s, row) for s, row in owners if not s.num_draft_tokens]
+    out = SampledStep()
+    if logits is None or not owners:
+        return out
     drafted = [(s, row) for s, row in owners if s.num_draft_tokens]
-    results: list[SampledTokens] = []
-    failed: list[tuple[Sequence, str]] = []
+    plain = [(s.seq, row) for s, row in owners if not s.num_draft_tokens]
+    if forks:
+        plain += forks
     if plain:
         rows = [row for _, row in plain]
-        plain_logits = logits if len(rows) == logits.shape[0] else logits[rows]  # [num_plain, vocab]
-        constrained = [(i, s.seq.grammar) for i, (s, _) in enumerate(plain)
-                       if s.seq.grammar is not None]
-        drawn = sampler.sample(plain_logits, [s.seq for s, _ in plain],
-                               constrain=grammar_masks(constrained))
-        for i, (s, _) in enumerate(plain):
+        seqs = [seq for seq, _ in plain]
+        # the plan's rows in order (one each, no prompt rows) are the whole tensor
+        plain_logits = logits if len(rows) == logits.shape[0] and not forks else logits[rows]  # [num_plain, vocab]
+        constrained = [(i, seq.grammar) for i, seq in enumerate(seqs) if seq.grammar is not None]
+        drawn = sampler.sample(plain_logits, seqs, constrain=grammar_masks(constrained))
+        for i, seq in enumerate(seqs):
             error = drawn.errors[i] if drawn.errors else None
             if error:
-                failed.append((s.seq, error))
+                out.failed.append((seq, error))
                 continue
-            results.append(SampledTokens(s.seq, [(drawn.token_ids[i], drawn.logprobs[i])]))
-            results.extend(fork(s, plain_logits[i]))
-        if constrained:  # forked samples of a constrained request are constrained too
-            results = _advance_grammars(results, failed)
-    num_accepted = 0
+            out.tokens.append(SampledTokens(seq, [(drawn.token_ids[i], drawn.logprobs[i])]))
+        if constrained:
+            out.tokens = _advance_grammars(out.tokens, out.failed)
     if drafted:
-        verified, num_accepted, refused = verify_drafts(drafted, logits)
-        results.extend(verified)
-        failed.extend(refused)
-    return results, num_accepted, failed
+        verified, out.num_accepted, refused = verify_drafts(drafted, logits)
+        out.tokens.extend(verified)
+        out.failed.extend(refused)
+    return out
 
 
 def _advance_grammars(

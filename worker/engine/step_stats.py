@@ -1,7 +1,8 @@
-"""The StepStats of one step, from its plan and the scheduler's state after it."""
+"""The StepStats of one step, from its plan, its timer and the scheduler's state after it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 from worker.engine.block_manager import BlockManager, num_released
@@ -38,18 +39,35 @@ def distinct_kv_tokens(holding: Iterable[Sequence], bm: BlockManager) -> int:
     return total + sum(shared.values())
 
 
+class StepTimer:
+    """When a step began and how long its sections took: ``lap()`` ends one, in the order
+    schedule, forward, sample (``StepStats.*_seconds``)."""
+
+    __slots__ = ("_last", "laps", "start", "waiting_before")
+
+    def __init__(self, waiting_before: int) -> None:
+        self.start = time.time()  # wall clock, for StepStats.start_time and the requests
+        self.waiting_before = waiting_before  # the waiting queue's length as the step began
+        self.laps: list[float] = []  # seconds of each section ended so far
+        self._last = time.perf_counter()
+
+    def lap(self) -> None:
+        """End the current section."""
+        now = time.perf_counter()
+        self.laps.append(now - self._last)
+        self._last = now
+
+
 def step_stats(
     step: int,
     plan: SchedulerOutput,
     scheduler: Scheduler,
     outputs: list[RequestOutput],
-    *,
-    timings: tuple[float, float, float, float],  # start time, schedule, forward, sample seconds
-    waiting_before: int,
+    timer: StepTimer,
     num_accepted: int,
 ) -> StepStats:
     """Counts of the step's rows by kind (see ``step_plan``), queues and KV after it."""
-    start, schedule_s, forward_s, sample_s = timings
+    schedule_s, forward_s, sample_s = timer.laps
     bm = scheduler.block_manager
     holding = (*scheduler.running, *scheduler.padding)
     return StepStats(
@@ -66,11 +84,11 @@ def step_stats(
         schedule_seconds=schedule_s,
         forward_seconds=forward_s,
         sample_seconds=sample_s,
-        start_time=start,
+        start_time=timer.start,
         num_cached_tokens=plan.num_cached_tokens,
         kv_tokens=distinct_kv_tokens(holding, bm),
         num_scheduled_seqs=len(plan.scheduled),
-        num_waiting_before=waiting_before,
+        num_waiting_before=timer.waiting_before,
         num_draft_tokens=plan.num_draft_tokens,
         num_accepted_tokens=num_accepted,
         num_verify_tokens=plan.num_verify_tokens,

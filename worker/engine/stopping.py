@@ -1,6 +1,7 @@
 """When a sequence stops, and the text it ends with (vLLM semantics).
 
-``StopChecker.check`` runs after each new token is appended to a sequence:
+``StopChecker.decide`` runs after each new token is appended to a sequence (the
+scheduler's ``update_from_output`` calls it; ``check`` is the same rule on bare values):
 
 - once ``len(output) >= min_tokens``: an eos token (unless ``ignore_eos``) ends it with
   ``"stop"`` (``stop_reason`` None), a token of ``stop_token_ids`` with ``"stop"``
@@ -19,10 +20,13 @@ the number of stop strings. Requests without stop strings cost no tokenizer work
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from worker.engine.stop_matcher import MatcherCache
 from worker.protocol.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from worker.engine.sequence import Sequence
 
 _REPLACEMENT = "\ufffd"  # what a decode shows for bytes of a not yet complete character
 # Extra characters wanted in the decoded context before the new token, beyond the
@@ -41,6 +45,10 @@ class Detokenizer(Protocol):
     def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str | list[str]:
         """Text of ``token_ids`` (a list of ids gives one string)."""
         ...
+
+
+# A stop: (finish_reason "stop" | "length", stop_reason, text cut before a stop string)
+Stop = tuple[str, str | int | None, str | None]
 
 
 @dataclass
@@ -82,25 +90,14 @@ class StopChecker:
         self, *, prompt_len: int, output_token_ids: list[int], params: SamplingParams
     ) -> StopDecision:
         """Decide whether the sequence stops after its newest token ``output_token_ids[-1]``."""
-        num_output = len(output_token_ids)
-        if num_output and num_output >= params.min_tokens:
-            last = output_token_ids[-1]
-            if not params.ignore_eos and last in self.eos_token_ids:
-                return StopDecision(finish_reason="stop", stop_reason=None, text=None)
-            if last in params.stop_token_ids:
-                return StopDecision(finish_reason="stop", stop_reason=last, text=None)
-            if params.stop:
-                match = self._match_stop_string(output_token_ids, params)
-                if match is not None:
-                    stop, text = match
-                    return StopDecision(finish_reason="stop", stop_reason=stop, text=text)
-        if params.max_tokens is not None and num_output >= params.max_tokens:
-            return StopDecision(finish_reason="length", stop_reason=None, text=None)
-        if prompt_len + num_output >= self.max_model_len:
-            return StopDecision(finish_reason="length", stop_reason=None, text=None)
-        return StopDecision(
-            finish_reason=None, stop_reason=None, text=None
-        )  # fresh: callers may edit it
+        stop = self._decide(prompt_len, output_token_ids, params, params.max_tokens)
+        return StopDecision(None, None, None) if stop is None else StopDecision(*stop)
+
+    def decide(self, seq: Sequence) -> Stop | None:
+        """Whether ``seq`` ends after its newest token: ``(finish_reason, stop_reason, text)``
+        when it does, as ``check`` decides but against ``seq.max_tokens`` (``max_tokens``
+        resolved to the context when the request left it out); None to go on."""
+        return self._decide(len(seq.prompt_token_ids), seq.output_token_ids, seq.params, seq.max_tokens)
 
     def final_text(self, output_token_ids: list[int], params: SamplingParams) -> str:
         """Detokenized output at finish, honouring ``skip_special_tokens``.
@@ -119,6 +116,26 @@ class StopChecker:
         return self._decode(ids, params.skip_special_tokens)
 
     # ---------------------------------------------------------------- internal
+
+    def _decide(
+        self, prompt_len: int, output_token_ids: list[int], params: SamplingParams, max_tokens: int | None
+    ) -> Stop | None:
+        num_output = len(output_token_ids)
+        if num_output and num_output >= params.min_tokens:
+            last = output_token_ids[-1]
+            if not params.ignore_eos and last in self.eos_token_ids:
+                return "stop", None, None
+            if last in params.stop_token_ids:
+                return "stop", last, None
+            if params.stop:
+                match = self._match_stop_string(output_token_ids, params)
+                if match is not None:
+                    return "stop", match[0], match[1]
+        if max_tokens is not None and num_output >= max_tokens:
+            return "length", None, None
+        if prompt_len + num_output >= self.max_model_len:
+            return "length", None, None
+        return None
 
     def _decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
         text = self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)

@@ -1,0 +1,219 @@
+"""Planning one step (the ``schedule`` half of :class:`~worker.engine.scheduler.Scheduler`):
+running sequences first, then admission of waiting ones, and preemption when blocks run out.
+
+Running sequences are planned first: a decode token each, the next prefill chunk of a
+partially prefilled one, or a token plus its drafts. When one cannot get a block, the
+newest (or lowest-priority) running sequence is preempted: its KV swapped to the host or
+dropped to be recomputed (``swap``), and it waits first in line. Waiting sequences are then
+admitted while KV blocks, sequence slots and the step's token budget allow: the query rows
+of all scheduled sequences add up to at most ``max_num_batched_tokens``.
+``num_computed_tokens`` catching up with ``num_tokens`` is the only rule: chunked prefill,
+prefix-cache hits and resumption after preemption all fall out of it.
+
+Interactive and batch requests (``Sequence.service_class``; every non-cohort policy):
+batch admission stops ``interactive_reserve_seqs`` slots short of ``max_num_seqs`` and
+``interactive_reserve_tokens`` short of the step budget (a running batch prompt's next
+chunk too), so an interactive arrival always finds room. With ``interactive_priority``
+waiting interactive requests are admitted before any batch one (the policy orders each
+class), and one that finds the slots or KV blocks full preempts the lowest-value batch
+runner (``pick_victim`` among batch sequences; swapped or recomputed as any preemption)
+so it starts in the same step; a runner that cannot grow preempts batch runners first.
+
+The ``static`` policy reproduces request-level batching: a cohort is admitted only when
+nothing runs, and runs until its longest member ends. ``static-padded`` is the same
+cohort in lockstep, as Hugging Face ``generate`` runs a batch: a finished member keeps
+its slot and its blocks and computes a pad row every step until the whole cohort ends.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from worker.engine import speculation
+from worker.engine.block_manager import BlockManager
+from worker.engine.scheduling_policy import TenantLedger, next_waiting, pick_victim
+from worker.engine.sequence import Sequence, SequenceStatus
+from worker.engine.step_plan import ScheduledSequence, SchedulerOutput
+from worker.engine.swap import SwapManager
+
+COHORT_POLICIES = ("static", "static-padded")
+
+
+class Admission:
+    """Who runs in a step, and who gives way: mixed into ``Scheduler``, which sets the
+    state below."""
+
+    block_manager: BlockManager
+    swap: SwapManager | None  # swap preemption (worker/engine/swap.py); None: recompute only
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    policy: str
+    enable_chunked_prefill: bool
+    waiting: deque[Sequence]
+    running: list[Sequence]
+    padding: list[Sequence]  # static-padded: finished members still in their slot
+    ledger: TenantLedger
+    reserve_seqs: int  # batch admission leaves these slots free
+    reserve_tokens: int  # and these tokens of the step budget
+    interactive_priority: bool
+    cohort_open: bool  # static policies: the cohort still takes members
+
+    def _end_drained_cohort(self) -> None:
+        """Static-padded: once no member runs, the padding rows end and free their blocks."""
+        if self.padding and not self.running:
+            for seq in self.padding:
+                self.block_manager.free(seq)
+            self.padding = []
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        bm = self.block_manager
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            room = budget
+            if seq.is_batch and self.reserve_tokens and seq.num_tokens - seq.num_computed_tokens > 1:
+                room = budget - self.reserve_tokens  # a batch prompt chunk leaves the reserve
+                if room <= 0:
+                    i += 1
+                    continue
+            num_new = speculation.fit_drafts(seq, room, bm)
+            target = seq.num_computed_tokens + num_new
+            while not bm.can_grow(seq, target):
+                victim = self._victim()
+                if self.running.index(victim) < i:  # already planned this step: give back
+                    i -= 1
+                    budget += self._preempt(victim, out)
+                else:
+                    self._preempt(victim, out)
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                break  # it preempted itself: every later one is already gone too
+            if bm.needs_copy_on_write(seq):
+                out.block_copies.append(bm.copy_on_write(seq))
+            bm.grow(seq, target)
+            out.scheduled.append(ScheduledSequence(seq, num_new, len(seq.draft_token_ids)))
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _schedule_padding(self, out: SchedulerOutput, budget: int) -> int:
+        """Static-padded: one pad row per finished member, inside the token budget."""
+        num_pads = min(len(self.padding), max(0, budget))
+        for seq in self.padding[:num_pads]:
+            out.scheduled.append(ScheduledSequence(seq, 1, is_pad=True))
+        return budget - num_pads
+
+    def _interactive_waiting(self) -> bool:
+        return self.interactive_priority and any(not s.is_batch for s in self.waiting)
+
+    def _victim(self) -> Sequence:
+        """The runner to preempt: a batch one first when interactive requests have priority."""
+        batch = [s for s in self.running if s.is_batch] if self.interactive_priority else []
+        return pick_victim(self.policy, batch or self.running)
+
+    def _next_waiting(self) -> Sequence:
+        """The policy's next waiting sequence; interactive ones first under priority."""
+        if self.interactive_priority:
+            interactive = [s for s in self.waiting if not s.is_batch]
+            if interactive:
+                return next_waiting(self.policy, interactive, self.ledger)
+        return next_waiting(self.policy, self.waiting, self.ledger)
+
+    def _may_admit(self) -> bool:
+        if self.policy in COHORT_POLICIES:
+            if not self.running:
+                self._end_drained_cohort()
+                self.cohort_open = True  # the previous cohort is done: form the next one
+            return self.cohort_open
+        return True
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> str:
+        """Admit waiting sequences; return what stopped admission."""
+        bm = self.block_manager
+        while True:
+            if not self.waiting:
+                return "empty"
+            if budget <= 0:
+                return "budget"
+            seq = self._next_waiting()
+            if seq.is_batch and out.preempted and self.policy != "priority":
+                return "blocks"  # only interactive requests are admitted after a preemption
+            reserve_seqs = self.reserve_seqs if seq.is_batch else 0
+            if len(self.running) + len(self.padding) >= self.max_num_seqs - reserve_seqs:
+                if self._preempt_lower_priority(seq, out):
+                    budget = self.max_num_batched_tokens - sum(s.num_new_tokens for s in out.scheduled)
+                    continue
+                return "slots"
+            # a prompt to score is computed whole: cached blocks would skip its rows
+            fresh = seq.num_computed_tokens == 0 and not seq.block_table
+            hits = bm.match_prefix(seq) if fresh and seq.prompt_logprobs is None else []
+            computed = len(hits) * bm.block_size if hits else seq.num_computed_tokens
+            remaining = seq.num_tokens - computed
+            room = budget - self.reserve_tokens if seq.is_batch else budget
+            if not self.enable_chunked_prefill and remaining > self.max_num_batched_tokens - self.reserve_tokens:
+                room = budget  # a whole prompt the reserve would never let in
+            if room <= 0:
+                return "budget"
+            # Without chunked prefill a prompt waits for a step with room for all of it.
+            # Longer ones are refused at add_request; a recompute after preemption that
+            # has outgrown the budget is chunked, since no step could ever take it whole.
+            if not self.enable_chunked_prefill and room < remaining <= self.max_num_batched_tokens:
+                return "budget"
+            num_new = min(remaining, room)
+            revived = sum(1 for b in hits if bm.ref_counts[b] == 0)
+            needed = bm.blocks_needed(computed + num_new) - len(hits) - len(seq.block_table)
+            if needed + revived > bm.num_free_blocks:
+                if self._preempt_lower_priority(seq, out):
+                    budget = self.max_num_batched_tokens - sum(s.num_new_tokens for s in out.scheduled)
+                    continue
+                return "blocks"
+            self.waiting.remove(seq)
+            if hits:
+                bm.take_cached(seq, hits)
+                out.num_cached_tokens += len(hits) * bm.block_size
+            bm.grow(seq, computed + num_new)
+            if self.swap is not None:
+                self.swap.swap_in(seq)  # its swapped KV is copied into the new blocks
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSequence(seq, num_new))
+            out.num_admitted += 1
+            budget -= num_new
+
+    def _preempt_lower_priority(self, incoming: Sequence, out: SchedulerOutput) -> bool:
+        """Priority policy: make room for ``incoming`` by preempting a lower-priority runner.
+        Interactive priority: an interactive ``incoming`` preempts a batch runner."""
+        batch = [s for s in self.running if s.is_batch]
+        if self.interactive_priority and not incoming.is_batch and batch:
+            # it stays first among the waiting batch sequences (interactive ones go first)
+            self._preempt(pick_victim(self.policy, batch), out)
+            return True
+        if self.policy != "priority" or not self.running:
+            return False
+        victim = pick_victim(self.policy, self.running)
+        if victim.priority >= incoming.priority:
+            return False
+        self._preempt(victim, out)
+        self.waiting.remove(victim)
+        self.waiting.append(victim)  # behind the incoming one, which outranks it
+        return True
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
+        """Free ``seq``'s blocks, requeue it first (its KV swapped out to the host, or to be
+        recomputed); return its planned tokens."""
+        self.running.remove(seq)
+        swapped = self.swap is not None and self.swap.swap_out(seq)
+        # a swapped sequence keeps its released (out-of-window) entries: readmission
+        # allocates, and the swap-in fills, only the blocks inside its window
+        self.block_manager.free(seq, keep_released=swapped)
+        if not swapped:
+            seq.num_computed_tokens = 0
+        speculation.drop_drafts(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.metrics.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+        planned = sum(s.num_new_tokens for s in out.scheduled if s.seq is seq)
+        out.scheduled = [s for s in out.scheduled if s.seq is not seq]
+        return planned
