@@ -14,7 +14,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from worker.service.loop_counters import LoopCounters
+from worker.service.loop_output import LoopCounters
 from worker.telemetry import setup
 from worker.telemetry.enqueue_spans import ENQUEUE_SPAN, EnqueuedJob, enqueue_spans
 from worker.telemetry.job_spans import record_job_spans

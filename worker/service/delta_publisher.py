@@ -12,7 +12,7 @@ import threading
 import redis
 
 from worker.queue.job_events import Delta, publish_events
-from worker.queue.keys import QueueKeys
+from worker.service.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +20,8 @@ log = logging.getLogger(__name__)
 class DeltaPublisher:
     """Started on first use; ``close`` writes what is queued, then stops."""
 
-    def __init__(self, *, redis_client: redis.Redis, keys: QueueKeys) -> None:
-        self.redis, self.keys = redis_client, keys
+    def __init__(self, *, runtime: WorkerRuntime) -> None:
+        self.rt = runtime
         self._items: queue.SimpleQueue[Delta | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -34,7 +34,9 @@ class DeltaPublisher:
             return
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="delta-publisher", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name="delta-publisher", daemon=True
+                )
                 self._thread.start()
         for d in deltas:
             self._items.put(d)
@@ -66,8 +68,8 @@ class DeltaPublisher:
             if batch:
                 try:
                     publish_events(
-                        redis_client=self.redis,
-                        keys=self.keys,
+                        redis_client=self.rt.redis,
+                        keys=self.rt.keys,
                         events=[(d.job_id, d.fields()) for d in batch],
                     )
                     self.published += len(batch)

@@ -7,7 +7,7 @@ jobs are bisected: each half re-runs as a group with nothing else in the engine,
 that fails again is halved again, and a job that fails on its own is failed with the error.
 One bad job among N costs about log2(N) re-runs while the others finish in groups. If the
 probe fails too, the engine is broken and every held job is handed back unfailed
-(:mod:`worker.service.engine_health`).
+(:mod:`worker.service.engine_api`).
 """
 
 from __future__ import annotations
@@ -15,17 +15,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 from worker.engine.outputs import RequestOutput
 from worker.queue.job_events import DELTAS, Delta, wanted
 from worker.service.delta_publisher import DeltaPublisher
-from worker.service.engine_api import EngineAPI, error_text
-from worker.service.engine_health import EngineBroken, probe_engine
+from worker.service.engine_api import EngineAPI, EngineBroken, error_text, probe_engine
 from worker.service.held_jobs import HeldJob
 from worker.service.isolation import Isolation
-from worker.service.loop_counters import LoopCounters
-from worker.service.loop_results import LoopResults
+from worker.service.loop_output import LoopCounters, LoopResults
 from worker.service.observe import JobObserver
 from worker.service.prepare import prepare
 from worker.service.runtime import WorkerRuntime
@@ -41,16 +38,12 @@ class EngineLoop:
     def __init__(
         self,
         *,
-        engine: EngineAPI,
         runtime: WorkerRuntime,
+        engine: EngineAPI,
         writer: OutputWriter,
-        on_drain: Callable[[], None] = lambda: None,
         observer: JobObserver | None = None,
     ) -> None:
-        self.engine, self.writer, self.on_drain = engine, writer, on_drain
-        self.config, self.flags, self.inbox = runtime.config, runtime.flags, runtime.inbox
-        self.work_ready, self.want_changed = runtime.work_ready, runtime.want_changed
-        self.worker_id = runtime.worker_id
+        self.rt, self.engine, self.writer = runtime, engine, writer
         self.lock = threading.Lock()
         self._capacity = engine.admission_capacity()  # the intake's first read sees the room
         self._interactive_room = engine.interactive_capacity()
@@ -59,12 +52,13 @@ class EngineLoop:
         self.cancelling: set[str] = set()
         self.isolation = Isolation()
         self.counters = LoopCounters()
-        self.results = LoopResults(writer=writer, counters=self.counters, worker_id=self.worker_id,
-                                   tokenizer=engine.tokenizer, observer=observer)
+        self.results = LoopResults(writer=writer, counters=self.counters,
+                                   worker_id=runtime.worker_id, tokenizer=engine.tokenizer,
+                                   observer=observer)
         self._drain_deadline: float | None = None
         # jobs that asked to stream: their text deltas after each step (stream_text.py)
         self.streams = StreamTexts(engine.tokenizer)
-        self.deltas = DeltaPublisher(redis_client=runtime.redis, keys=runtime.keys)
+        self.deltas = DeltaPublisher(runtime=runtime)
         self.observer = observer
         self._note_preemptions = observer is not None and observer.tracing
 
@@ -75,7 +69,7 @@ class EngineLoop:
         with self.lock:
             if self.isolation_busy():
                 return 0
-            return self._capacity + self.config.prefetch - len(self.inbox)
+            return self._capacity + self.rt.config.prefetch - len(self.rt.inbox)
 
     def want_interactive(self) -> int:
         """How many interactive jobs the intake should read now, whatever batch work fills
@@ -84,7 +78,7 @@ class EngineLoop:
         with self.lock:
             if self.isolation_busy():
                 return 0
-            return self._interactive_room - self.inbox.num_interactive()
+            return self._interactive_room - self.rt.inbox.num_interactive()
 
     def add_cohort(self, held: list[HeldJob], *, alone: bool) -> None:
         """Run a cohort of suspects (redelivered after their worker died): ``alone`` with
@@ -94,8 +88,8 @@ class EngineLoop:
                 self.isolation.queue(held)
             else:
                 self.counters.isolated_runs += 1
-                self.inbox.put(held)
-        self.work_ready.set()
+                self.rt.inbox.put(held)
+        self.rt.work_ready.set()
 
     def isolation_busy(self) -> bool:
         """True while a group waits to run alone or runs alone."""
@@ -105,15 +99,15 @@ class EngineLoop:
         """Ask for these jobs to be aborted between steps."""
         with self.lock:
             self._cancel_requests |= job_ids
-        self.work_ready.set()
+        self.rt.work_ready.set()
 
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> None:
         """Loop until drained (SIGTERM) or told to stop at once."""
         self._publish_capacity()
-        while not self.flags.stop_now.is_set():
+        while not self.rt.flags.stop_now.is_set():
             self._apply_cancels()
-            if self.flags.draining.is_set():
+            if self.rt.flags.draining.is_set():
                 if self._drain_step():
                     return
             elif self.isolation_busy():
@@ -123,37 +117,38 @@ class EngineLoop:
             if self.engine.has_unfinished_requests():
                 self._step()
             else:
-                self.work_ready.wait(0.05)
-                self.work_ready.clear()
+                self.rt.work_ready.wait(0.05)
+                self.rt.work_ready.clear()
             self._publish_capacity()
 
     def _publish_capacity(self) -> None:
         with self.lock:
             cap = (
                 0
-                if self.flags.draining.is_set() or self.isolation.waiting
+                if self.rt.flags.draining.is_set() or self.isolation.waiting
                 else self.engine.admission_capacity()
             )
             self._capacity = cap
             self._interactive_room = (
-                0 if self.flags.draining.is_set() or self.isolation.waiting
+                0 if self.rt.flags.draining.is_set() or self.isolation.waiting
                 else self.engine.interactive_capacity()
             )
-            wanted = cap + self.config.prefetch - len(self.inbox)
+            wanted = cap + self.rt.config.prefetch - len(self.rt.inbox)
         # Wake the intake only when it has something to read: a wake-up on every step costs
         # the engine's matmuls a core's time slice on a small machine.
         if wanted > 0 and not self.isolation_busy():
-            self.want_changed.set()
+            self.rt.want_changed.set()
 
     def _admit(self) -> None:
-        if not len(self.inbox):
+        if not len(self.rt.inbox):
             return
         with self.lock:
-            taken = self.inbox.take(self.engine.admission_capacity())  # interactive first
+            taken = self.rt.inbox.take(self.engine.admission_capacity())  # interactive first
             for held in taken:
                 self._add(held)
             # interactive jobs beyond the free slots: they go ahead of the batch work
-            for held in self.inbox.take(self.engine.interactive_capacity(), interactive_only=True):
+            room = self.engine.interactive_capacity()
+            for held in self.rt.inbox.take(room, interactive_only=True):
                 self._add(held)
             # Not redundant with _publish_capacity: the step that runs before it can be
             # long, and until then want() must not count the admitted jobs as free room.
@@ -205,7 +200,7 @@ class EngineLoop:
             if not self._cancel_requests:
                 return
             ids, self._cancel_requests = self._cancel_requests, set()
-            waiting = self.inbox.take_ids(ids)
+            waiting = self.rt.inbox.take_ids(ids)
         for h in waiting:
             self.results.cancelled(h)
         for job_id in ids:
@@ -230,7 +225,7 @@ class EngineLoop:
             elif out.request_id in self.streams and (d := self.streams.update(out)) is not None:
                 deltas.append(d)
         self.deltas.put(deltas)
-        if self.config.write_traces:
+        if self.rt.config.write_traces:
             self.results.step_trace(stats)
 
     def _finish(self, out: RequestOutput) -> None:
@@ -269,10 +264,10 @@ class EngineLoop:
         """Stop taking work and hand every held job (``extra``, running, buffered, waiting
         to run alone) back unfailed; returns how many. Also called once the intake stopped,
         for what it delivered meanwhile."""
-        self.flags.request_drain()
+        self.rt.flags.request_drain()
         with self.lock:
             waiting = self.isolation.take_all()
-            left = [*(extra or []), *self.active.values(), *self.inbox.take_all(), *waiting]
+            left = [*(extra or []), *self.active.values(), *self.rt.inbox.take_all(), *waiting]
         for h in self.active.values():
             self.engine.abort_request(h.job_id)
         self.streams.discard(list(self.active))
@@ -283,11 +278,11 @@ class EngineLoop:
     def _drain_step(self) -> bool:
         """One drain iteration; True when the loop should end."""
         if self._drain_deadline is None:
-            self._drain_deadline = time.monotonic() + self.config.drain_timeout
+            self._drain_deadline = time.monotonic() + self.rt.config.drain_timeout
             log.info("draining: intake stopped, finishing %d running jobs", len(self.active))
-            self.on_drain()
+            self.rt.intake_stopped.wait(10)  # nothing enters the inbox after this
             with self.lock:
-                left = self.inbox.take_all() + self.isolation.take_all()
+                left = self.rt.inbox.take_all() + self.isolation.take_all()
             self.results.release(left)
         if not self.active and not self.engine.has_unfinished_requests():
             return True

@@ -25,7 +25,7 @@ from worker.queue.delivery import Delivery
 from worker.queue.suspects import choose_cohort, open_runs, read_evidence
 from worker.service.grammars import WorkerGrammars
 from worker.service.held_jobs import HeldJob
-from worker.service.retry import retry
+from worker.service.process_control import retry
 from worker.service.runtime import LoopDesk, WorkerRuntime
 from worker.service.writer import AckOnly, OutputWriter
 
@@ -40,11 +40,7 @@ class Intake:
         self, *, runtime: WorkerRuntime, writer: OutputWriter, loop: LoopDesk,
         grammars: WorkerGrammars | None = None,
     ) -> None:
-        rt = runtime
-        self.config, self.flags, self.registry, self.inbox = rt.config, rt.flags, rt.registry, rt.inbox
-        self.session_factory, self.redis, self.keys = rt.session_factory, rt.redis, rt.keys
-        self.consumer, self.worker_id = rt.consumer, rt.worker_id
-        self.work_ready, self.want_changed = rt.work_ready, rt.want_changed
+        self.rt = runtime
         self.writer, self.loop = writer, loop
         self.grammars = grammars  # structured output compiled here, bounded, before the inbox
         self._cohort: set[str] = set()  # job ids of the suspect cohort running now
@@ -65,10 +61,17 @@ class Intake:
         self._thread.join(timeout)
 
     def _stopped(self) -> bool:
-        return self.flags.draining.is_set()
+        return self.rt.flags.draining.is_set()
 
     def _run(self) -> None:
-        c = self.config
+        try:
+            self._read()
+        finally:
+            self.rt.intake_stopped.set()  # a drain now takes back what the inbox holds
+
+    def _read(self) -> None:
+        """Read until draining is requested."""
+        c = self.rt.config
         backlog_due: float | None = time.monotonic()  # first: this consumer's own pending
         next_claim = time.monotonic() + c.claim_interval / 2
         while not self._stopped():
@@ -80,9 +83,9 @@ class Intake:
                 if want > 0 and now >= next_claim:
                     next_claim = now + c.claim_interval
                     taken = take_over_stale(
-                        redis_client=self.redis,
-                        keys=self.keys,
-                        consumer=self.consumer,
+                        redis_client=self.rt.redis,
+                        keys=self.rt.keys,
+                        consumer=self.rt.consumer,
                         min_idle_ms=c.claim_idle_ms,
                         count=want,
                         cursors=self._claim_cursors,
@@ -97,24 +100,24 @@ class Intake:
                 if want <= 0 and self.writer.unwritten <= c.max_unwritten and self.loop.want_interactive() > 0:
                     # the engine is full (of batch work): still read the interactive stream
                     got = read_new(
-                        redis_client=self.redis,
-                        keys=self.keys,
-                        consumer=self.consumer,
+                        redis_client=self.rt.redis,
+                        keys=self.rt.keys,
+                        consumer=self.rt.consumer,
                         count=self.loop.want_interactive(),
                         block_ms=50,
-                        streams=[self.keys.stream("interactive")],
+                        streams=[self.rt.keys.stream("interactive")],
                     )
                     if got:
                         self.accept(got)
                     continue
                 if want <= 0:
-                    self.want_changed.wait(0.05)
-                    self.want_changed.clear()
+                    self.rt.want_changed.wait(0.05)
+                    self.rt.want_changed.clear()
                     continue
                 got = read_new(
-                    redis_client=self.redis,
-                    keys=self.keys,
-                    consumer=self.consumer,
+                    redis_client=self.rt.redis,
+                    keys=self.rt.keys,
+                    consumer=self.rt.consumer,
                     count=want,
                     block_ms=100,
                 )
@@ -124,28 +127,27 @@ class Intake:
                 if self._stopped():
                     break
                 log.warning("intake error (%s: %s); retrying", type(exc).__name__, exc)
-                self.flags.draining.wait(0.5)
+                self.rt.flags.draining.wait(0.5)
 
     def _work_backlog(self, want: int) -> float | None:
         """Redeliver entries this consumer owns but does not hold (left by its previous
         process, or taken over from a dead worker). Entries delivered at most once go in
         batches as room allows; those delivered more often are suspects and go in cohorts
         (:meth:`_run_cohort`). Returns when to look again (None: the backlog is empty)."""
-        held = {(s, e) for s, e in self.registry.entries()}
-        pending = [
-            p
-            for p in own_pending(redis_client=self.redis, keys=self.keys, consumer=self.consumer)
-            if (p[0], p[1]) not in held
-        ]
+        held = {(s, e) for s, e in self.rt.registry.entries()}
+        owned = own_pending(
+            redis_client=self.rt.redis, keys=self.rt.keys, consumer=self.rt.consumer
+        )
+        pending = [p for p in owned if (p[0], p[1]) not in held]
         if not pending:
             return None
         fresh = [(s, e) for s, e, n in pending if n <= 1]
         suspects = [(s, e) for s, e, n in pending if n > 1]
         if fresh and want > 0:
             got = redeliver(
-                redis_client=self.redis,
-                keys=self.keys,
-                consumer=self.consumer,
+                redis_client=self.rt.redis,
+                keys=self.rt.keys,
+                consumer=self.rt.consumer,
                 entries=fresh[:want],
             )
             self.replayed += len(got)
@@ -157,20 +159,22 @@ class Intake:
         return time.monotonic() + 0.1
 
     def _cohort_busy(self) -> bool:
-        return self.registry.holds_any(self._cohort) or self.loop.isolation_busy()
+        return self.rt.registry.holds_any(self._cohort) or self.loop.isolation_busy()
 
     def _run_cohort(self, suspects: list[tuple[str, str]], want: int) -> bool:
         """Start the next cohort of suspects (``worker.queue.suspects.choose_cohort``), or
         dead-letter those proven guilty; False when a cohort must wait for room."""
-        evidence = read_evidence(redis_client=self.redis, keys=self.keys, entries=suspects)
+        evidence = read_evidence(redis_client=self.rt.redis, keys=self.rt.keys, entries=suspects)
         choice = choose_cohort(suspects, evidence, want)
         entries = choice.guilty or choice.cohort
         if not entries:
             return False
         if choice.cohort:  # recorded before any member runs, so a death mid-run is seen
             cohort = {e: evidence[e] for e in choice.cohort}
-            open_runs(redis_client=self.redis, keys=self.keys, cohort=cohort, worker=self.worker_id)
-        got = redeliver(redis_client=self.redis, keys=self.keys, consumer=self.consumer, entries=entries)
+            open_runs(redis_client=self.rt.redis, keys=self.rt.keys, cohort=cohort,
+                      worker=self.rt.worker_id)
+        got = redeliver(redis_client=self.rt.redis, keys=self.rt.keys, consumer=self.rt.consumer,
+                        entries=entries)
         told = {(d.stream, d.entry_id): evidence[(d.stream, d.entry_id)].describe() for d in got}
         if choice.guilty:
             self._dead_letter(
@@ -188,9 +192,9 @@ class Intake:
     def touch_backlog(self, pending: list[tuple[str, str, int]]) -> None:
         """Keep owned-but-waiting entries from looking stale to other workers."""
         touch(
-            redis_client=self.redis,
-            keys=self.keys,
-            consumer=self.consumer,
+            redis_client=self.rt.redis,
+            keys=self.rt.keys,
+            consumer=self.rt.consumer,
             entries=[(s, e) for s, e, _ in pending],
         )
 
@@ -212,12 +216,12 @@ class Intake:
         over = [
             d
             for d in deliveries
-            if d.message is not None and over_limit(d, max_deliveries=self.config.max_deliveries)
+            if d.message is not None and over_limit(d, max_deliveries=self.rt.config.max_deliveries)
         ]
         self._dead_letter(unreadable, "unreadable message")
         self._dead_letter(
             over,
-            f"delivered more than {self.config.max_deliveries} times without a result "
+            f"delivered more than {self.rt.config.max_deliveries} times without a result "
             "(it crashed or stalled its worker each time)",
             notes,
         )
@@ -235,7 +239,7 @@ class Intake:
                 delivery=d,
                 isolation=notes.get((d.stream, d.entry_id)),
             )
-            if d.job_id and self.registry.add(h):
+            if d.job_id and self.rt.registry.add(h):
                 taken.append(h)
             else:
                 skip.append(d)  # a duplicate delivery of a job held already
@@ -244,14 +248,14 @@ class Intake:
         if ids:
             try:
                 allowed = retry(
-                    lambda: self._start(ids), what="mark running", stop=self.flags.draining
+                    lambda: self._start(ids), what="mark running", stop=self.rt.flags.draining
                 )
             except Exception:
-                self.registry.remove(ids)  # left pending in Redis: redelivered later
+                self.rt.registry.remove(ids)  # left pending in Redis: redelivered later
                 raise
         held = [h for h in taken if h.job_id in allowed]
         ended = [h for h in taken if h.job_id not in allowed]
-        self.registry.remove([h.job_id for h in ended])
+        self.rt.registry.remove([h.job_id for h in ended])
         skip += [h.delivery for h in ended]
         if skip:
             self.skipped += len(skip)
@@ -261,8 +265,8 @@ class Intake:
         if held and cohort_alone is not None:
             self.loop.add_cohort(held, alone=cohort_alone)
         elif held:
-            self.inbox.put(held)
-            self.work_ready.set()
+            self.rt.inbox.put(held)
+            self.rt.work_ready.set()
 
     def _dead_letter(
         self, deliveries: list[Delivery], reason: str, evidence: dict[tuple[str, str], str] | None = None
@@ -272,17 +276,19 @@ class Intake:
         retry(
             functools.partial(
                 dead_letter,
-                redis_client=self.redis,
-                session_factory=self.session_factory,
-                keys=self.keys,
+                redis_client=self.rt.redis,
+                session_factory=self.rt.session_factory,
+                keys=self.rt.keys,
                 deliveries=deliveries,
                 reason=reason,
                 evidence=evidence,
             ),
             what="dead-letter",
-            stop=self.flags.draining,
+            stop=self.rt.flags.draining,
         )
         self.dead_lettered += len(deliveries)
 
     def _start(self, ids: list[str]) -> set[str]:
-        return start(session_factory=self.session_factory, job_ids=ids, worker_id=self.worker_id)
+        return start(
+            session_factory=self.rt.session_factory, job_ids=ids, worker_id=self.rt.worker_id
+        )

@@ -37,17 +37,8 @@ class Maintenance:
     """Periodic chores on three threads, each chore guarded so one failing never stops
     the others."""
 
-    def __init__(
-        self, *, runtime: WorkerRuntime, lock_token: str, on_cancel: Callable[[set[str]], None]
-    ) -> None:
-        rt = runtime
-        self.config, self.session_factory, self.redis, self.keys = (
-            rt.config, rt.session_factory, rt.redis, rt.keys
-        )
-        self.consumer, self.worker_id, self.registry, self.flags = (
-            rt.consumer, rt.worker_id, rt.registry, rt.flags
-        )
-        self.lock_token, self.on_cancel = lock_token, on_cancel
+    def __init__(self, *, runtime: WorkerRuntime, on_cancel: Callable[[set[str]], None]) -> None:
+        self.rt, self.on_cancel = runtime, on_cancel
         self.stop = threading.Event()
         self.reconciled = 0
         self._threads = [
@@ -58,7 +49,7 @@ class Maintenance:
 
     def _status(self) -> str:
         """What the heartbeat reports: draining once a drain was asked, else running."""
-        draining = self.flags.draining.is_set()
+        draining = self.rt.flags.draining.is_set()
         return WorkerStatus.DRAINING.value if draining else WorkerStatus.RUNNING.value
 
     def start(self) -> None:
@@ -73,11 +64,11 @@ class Maintenance:
             t.join(5)
 
     def _ticks(self, interval: float) -> Iterator[float]:
-        while not self.stop.wait(interval) and not self.flags.stop_now.is_set():
+        while not self.stop.wait(interval) and not self.rt.flags.stop_now.is_set():
             yield time.monotonic()
 
     def _run_keepalive(self) -> None:
-        c = self.config
+        c = self.rt.config
         now = time.monotonic()
         due = {"touch": now, "trim": now + c.trim_interval}
         for now in self._ticks(c.cancel_poll_interval):
@@ -87,19 +78,19 @@ class Maintenance:
                 self._guard("keep-alive", self.keep_alive)
             if now >= due["trim"]:
                 due["trim"] = now + c.trim_interval
-                self._guard("trim", lambda: trim_streams(redis_client=self.redis, keys=self.keys))
+                self._guard("trim", self._trim)
 
     def _run_upkeep(self) -> None:
         self._guard("heartbeat", self.heartbeat)
-        for _ in self._ticks(self.config.heartbeat_interval):
+        for _ in self._ticks(self.rt.config.heartbeat_interval):
             self._guard("heartbeat", self.heartbeat)
             self._guard("cancel records", self._read_cancel_records)
 
     def _run_reconciler(self) -> None:
-        c = self.config
+        c = self.rt.config
         due = time.monotonic() + min(c.reconcile_interval, 1.0)
         for now in self._ticks(min(c.reconcile_interval, 1.0)):
-            if now >= due and not self.flags.draining.is_set():
+            if now >= due and not self.rt.flags.draining.is_set():
                 due = now + c.reconcile_interval
                 self._guard("reconcile", self._reconcile)
 
@@ -110,16 +101,16 @@ class Maintenance:
             log.warning("%s failed: %s: %s", what, type(exc).__name__, exc)
 
     def _poll_cancels(self) -> None:
-        ids = self.registry.job_ids()
+        ids = self.rt.registry.job_ids()
         if ids:
-            found = cancelled_among(redis_client=self.redis, keys=self.keys, job_ids=ids)
+            found = cancelled_among(redis_client=self.rt.redis, keys=self.rt.keys, job_ids=ids)
             if found:
                 self.on_cancel(found)
 
     def _read_cancel_records(self) -> None:
-        ids = self.registry.job_ids()
+        ids = self.rt.registry.job_ids()
         if ids:
-            with self.session_factory() as session:
+            with self.rt.session_factory() as session:
                 found = cancel_requested_among(session=session, job_ids=ids)
                 session.rollback()
             if found:
@@ -128,29 +119,32 @@ class Maintenance:
     def keep_alive(self) -> None:
         """Keep held entries from looking stale and keep the consumer-name lock (Redis)."""
         touch(
-            redis_client=self.redis,
-            keys=self.keys,
-            consumer=self.consumer,
-            entries=self.registry.entries(),
+            redis_client=self.rt.redis,
+            keys=self.rt.keys,
+            consumer=self.rt.consumer,
+            entries=self.rt.registry.entries(),
         )
-        held = renew_name(redis_client=self.redis, keys=self.keys, name=self.consumer,
-                          token=self.lock_token, ttl_s=self.config.lock_ttl)
-        if not held and not self.flags.draining.is_set():
+        held = renew_name(redis_client=self.rt.redis, keys=self.rt.keys, name=self.rt.consumer,
+                          token=self.rt.lock_token, ttl_s=self.rt.config.lock_ttl)
+        if not held and not self.rt.flags.draining.is_set():
             # Two live processes must not share a consumer name: hand the work back.
-            log.error("consumer name %r was taken by another process; draining", self.consumer)
-            self.flags.request_drain()
+            log.error("consumer name %r was taken by another process; draining", self.rt.consumer)
+            self.rt.flags.request_drain()
+
+    def _trim(self) -> None:
+        trim_streams(redis_client=self.rt.redis, keys=self.rt.keys)
 
     def heartbeat(self) -> None:
         """The worker's heartbeat row in SQL."""
-        with self.session_factory.begin() as session:
-            heartbeat(session=session, worker_id=self.worker_id, status=self._status())
+        with self.rt.session_factory.begin() as session:
+            heartbeat(session=session, worker_id=self.rt.worker_id, status=self._status())
 
     def _reconcile(self) -> None:
-        c = self.config
+        c = self.rt.config
         ids = reconcile(
-            session_factory=self.session_factory,
-            redis_client=self.redis,
-            keys=self.keys,
+            session_factory=self.rt.session_factory,
+            redis_client=self.rt.redis,
+            keys=self.rt.keys,
             grace=timedelta(seconds=c.reconcile_grace),
             worker_timeout=timedelta(seconds=c.worker_timeout),
         )

@@ -1,9 +1,11 @@
-"""What the threads of one worker share, in one object built once by ``WorkerProcess.run``:
-configuration and identity, the two connections, the stop flags, the held-jobs registry,
-and the one inbox with the two events that pace it.
+"""What the threads of one worker share, in one object built once by ``WorkerProcess``
+(``connect``) and kept by each thread as ``self.rt``: configuration and identity, the two
+connections, the stop flags, the held-jobs registry, and the one inbox with the events
+that pace it.
 
     intake  --(inbox.put, work_ready)-->  engine loop  --(want_changed)-->  intake
     engine loop --(writer queue)--> writer;  maintenance --(cancels)--> engine loop
+    intake --(intake_stopped)--> engine loop (a drain takes the inbox back after it)
 
 The engine loop is the only reader of the inbox and the only user of the engine; the
 writer is the only thread that acks. Nothing here is global: two workers in one process
@@ -21,9 +23,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from worker.queue.keys import QueueKeys
 from worker.service.config import WorkerConfig
-from worker.service.flags import Flags
 from worker.service.held_jobs import HeldJob, Registry
 from worker.service.inbox import Inbox
+from worker.service.process_control import Flags
 
 
 @dataclass
@@ -33,6 +35,7 @@ class WorkerRuntime:
     config: WorkerConfig
     worker_id: str  # this run's row in the workers table
     consumer: str  # this worker's consumer name in the stream group
+    lock_token: str  # proves this process holds the consumer name (naming.py)
     keys: QueueKeys
     redis: redis.Redis
     session_factory: sessionmaker[Session]
@@ -41,6 +44,8 @@ class WorkerRuntime:
     inbox: Inbox = field(default_factory=Inbox)  # delivered, not yet admitted
     work_ready: threading.Event = field(default_factory=threading.Event)  # inbox or cancels
     want_changed: threading.Event = field(default_factory=threading.Event)  # room changed
+    # set once the intake stopped reading: nothing is put in the inbox after it
+    intake_stopped: threading.Event = field(default_factory=threading.Event)
 
 
 class LoopDesk(Protocol):

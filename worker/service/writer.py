@@ -23,7 +23,7 @@ from worker.jobs.hand_back import hand_back_jobs
 from worker.queue.job_events import end_fields, publish_events, wanted
 from worker.service.held_jobs import HeldJob
 from worker.service.observe import JobObserver
-from worker.service.retry import retry
+from worker.service.process_control import retry
 from worker.service.runtime import WorkerRuntime
 from worker.store.crud.iterations import insert_iterations
 from worker.store.schemas import JobResult
@@ -69,18 +69,8 @@ class AckOnly:
 class OutputWriter:
     """The writer thread. ``put`` is called from the engine loop and the intake."""
 
-    def __init__(
-        self,
-        *,
-        runtime: WorkerRuntime,
-        observer: JobObserver | None = None,
-        trace_flush_interval: float = 1.0,
-        trace_flush_rows: int = 256,
-    ) -> None:
-        self.session_factory, self.redis, self.keys = (
-            runtime.session_factory, runtime.redis, runtime.keys
-        )
-        self.registry, self.flags, self.worker_id = runtime.registry, runtime.flags, runtime.worker_id
+    def __init__(self, *, runtime: WorkerRuntime, observer: JobObserver | None = None) -> None:
+        self.rt = runtime
         self.observer = observer if observer is not None and observer.enabled else None
         self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.closing = threading.Event()
@@ -92,11 +82,9 @@ class OutputWriter:
         self.unstored = 0  # results that could not be stored at all (left pending in Redis)
         self.handed_back = 0  # jobs handed back unfailed after the engine broke
         self.transactions = 0
-        # Step traces alone wait (up to trace_flush_interval or trace_flush_rows) and ride
-        # along with the next result commit: one commit per engine step would cost the
-        # database server CPU the engine needs on a small machine.
-        self.trace_flush_interval = trace_flush_interval
-        self.trace_flush_rows = trace_flush_rows
+        # Step traces alone wait (up to the config's trace_flush_interval or
+        # trace_flush_rows) and ride along with the next result commit: one commit per
+        # engine step would cost the database server CPU the engine needs on a small machine.
         self._rows: list[dict[str, Any]] = []
         self._rows_since = 0.0
         self._thread = threading.Thread(target=self._run, name="output-writer", daemon=True)
@@ -126,7 +114,7 @@ class OutputWriter:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
-        while not self.flags.stop_now.is_set():
+        while not self.rt.flags.stop_now.is_set():
             items: list[Any] = []
             try:
                 items.append(self._items.get(timeout=0.05))
@@ -149,7 +137,7 @@ class OutputWriter:
             try:
                 self._handle(batch)
             except Exception:
-                if self.flags.stop_now.is_set():
+                if self.rt.flags.stop_now.is_set():
                     return
                 log.exception("output writer failed on a batch of %d items", len(batch))
 
@@ -157,8 +145,8 @@ class OutputWriter:
         """Buffered step traces must be written now (old, many, or closing)."""
         return bool(self._rows) and (
             self.closing.is_set()
-            or len(self._rows) >= self.trace_flush_rows
-            or time.monotonic() - self._rows_since >= self.trace_flush_interval
+            or len(self._rows) >= self.rt.config.trace_flush_rows
+            or time.monotonic() - self._rows_since >= self.rt.config.trace_flush_interval
         )
 
     def _handle(self, items: list[Any]) -> None:
@@ -171,10 +159,10 @@ class OutputWriter:
         if finished or rows or skipped:
             held = [f.held for f in finished if f.held is not None]
             unstored = finish(
-                session_factory=self.session_factory,
-                redis_client=self.redis,
-                keys=self.keys,
-                worker_id=self.worker_id,
+                session_factory=self.rt.session_factory,
+                redis_client=self.rt.redis,
+                keys=self.rt.keys,
+                worker_id=self.rt.worker_id,
                 results=[f.result for f in finished],
                 entries=[(h.stream, h.entry_id, h.job_id) for h in held],
                 skipped=skipped,
@@ -187,7 +175,7 @@ class OutputWriter:
                 # over and redelivered (dead-lettered once delivered too often).
                 lost = {id(r) for r in unstored}
                 finished = [f for f in finished if id(f.result) not in lost]
-                self.registry.remove([r.job_id for r in unstored])
+                self.rt.registry.remove([r.job_id for r in unstored])
                 self.unstored += len(unstored)
             if finished or rows:
                 self.written += len(finished)
@@ -198,7 +186,7 @@ class OutputWriter:
             self._hand_back(handed, uncount=True)
             self.handed_back += len(handed)
         if finished:
-            self.registry.remove([f.result.job_id for f in finished])
+            self.rt.registry.remove([f.result.job_id for f in finished])
             self._announce(finished)
             if self.observer is not None:
                 timelines = [f.timeline for f in finished if f.timeline is not None]
@@ -206,7 +194,7 @@ class OutputWriter:
 
     def _retry(self, fn: Callable[[], T], what: str) -> T:
         """Run one step of a move, retried while its store is away (until stopped)."""
-        return retry(fn, what=what, stop=self.flags.stop_now)
+        return retry(fn, what=what, stop=self.rt.flags.stop_now)
 
     @staticmethod
     def _traces(rows: list[dict[str, Any]]) -> Callable[[Session], None]:
@@ -224,23 +212,21 @@ class OutputWriter:
             and wanted(f.held.delivery.message.body)
         ]
         try:
-            publish_events(redis_client=self.redis, keys=self.keys, events=events)
+            publish_events(redis_client=self.rt.redis, keys=self.rt.keys, events=events)
         except Exception as exc:
             log.warning("could not announce the end of %d jobs: %s", len(events), exc)
 
     def _hand_back(self, handed: list[HeldJob], *, uncount: bool) -> None:
         """Requeue in SQL (``uncount``: the attempt does not count), then re-publish."""
-        retry(
+        self._retry(
             lambda: hand_back_jobs(
-                session_factory=self.session_factory,
-                redis_client=self.redis,
-                keys=self.keys,
-                worker_id=self.worker_id,
+                session_factory=self.rt.session_factory,
+                redis_client=self.rt.redis,
+                keys=self.rt.keys,
+                worker_id=self.rt.worker_id,
                 deliveries=[h.delivery for h in handed],
                 uncount=uncount,
             ),
-            what="hand back",
-            stop=self.flags.stop_now,
+            "hand back",
         )
-        ids = [h.job_id for h in handed]
-        self.registry.remove(ids)
+        self.rt.registry.remove([h.job_id for h in handed])
