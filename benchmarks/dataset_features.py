@@ -92,11 +92,12 @@ class MaskClock:
     """Time spent on structured output inside steps: the masks and the matchers."""
 
     def __init__(self) -> None:
-        import worker.engine.step_sampling as sampling
+        import worker.engine.structured as structured
         from worker.engine.structured import Grammar
 
         self.seconds, self.steps = 0.0, 0  # steps: mask applications
-        self._restore = [(sampling, "apply_masks", sampling.apply_masks),
+        # grammar_masks binds structured.apply_masks when a step builds its constrain
+        self._restore = [(structured, "apply_masks", structured.apply_masks),
                          (Grammar, "accept", Grammar.accept)]
         for owner, name, fn in self._restore:
             setattr(owner, name, self._timed(fn))
@@ -108,8 +109,8 @@ class MaskClock:
                 return fn(*args, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - t0
-                # a step with constrained rows: apply_masks(logits, rows) with rows given
-                self.steps += fn.__name__ == "apply_masks" and bool(args[1])
+                # a step with constrained rows: apply_masks(logits, rows=rows), rows given
+                self.steps += fn.__name__ == "apply_masks" and bool(kwargs.get("rows"))
         return timed
 
     def close(self) -> None:

@@ -44,10 +44,15 @@ def pytest_available() -> bool:
     return importlib.util.find_spec("pytest") is not None
 
 
+# Tests of these folders need Redis and SQL, which the GPU machine does not run.
+SERVICE_TEST_DIRS = frozenset({"api", "service", "faults", "abuse"})
+
+
 def gpu_marked_files(tests_dir: Path) -> list[Path]:
-    """Top-level test files that mark tests ``gpu`` (service tests need Redis and SQL)."""
-    return sorted(p for p in tests_dir.glob("test_*.py")
-                  if "pytest.mark.gpu" in p.read_text(encoding="utf-8"))
+    """Test files that mark tests ``gpu``, outside the service test folders."""
+    return sorted(p for p in tests_dir.rglob("test_*.py")
+                  if not SERVICE_TEST_DIRS & set(p.relative_to(tests_dir).parts[:-1])
+                  and "pytest.mark.gpu" in p.read_text(encoding="utf-8"))
 
 
 def _parse_junit(path: Path, result: PytestResult) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from tests.api.conftest import REDIS_URL, ApiEnv
+from tests.engine.test_grammar_service import slow_schema
 from tests.service.helpers import wait_for
-from tests.test_grammar_service import slow_schema
 
 pytestmark = pytest.mark.services
 

@@ -14,7 +14,7 @@ import pytest
 
 from api.grammar_check import GrammarChecker
 from tests.api.conftest import ApiEnv
-from tests.test_grammar_service import slow_helper, slow_schema
+from tests.engine.test_grammar_service import slow_helper, slow_schema
 from worker.engine.grammar_service import GrammarService
 
 pytestmark = pytest.mark.services

@@ -2,7 +2,7 @@
 
 On the CPU the best ``NUM_CANDIDATES`` tokens are ranked first (``torch.topk``) and the whole
 vocabulary is sorted only for rows whose kept set might reach past them; the result is the
-same either way (``tests/test_sampler.py`` checks it against a brute force).
+same either way (``tests/engine/test_sampler.py`` checks it against a brute force).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 
 from tests.conftest import prompt_token_lists
-from tests.test_policies import NO_STOPS
+from tests.engine.test_policies import NO_STOPS
 from worker.engine import LLMEngine, SamplingParams
 from worker.engine.block_manager import BlockManager
 from worker.engine.outputs import RequestMetrics

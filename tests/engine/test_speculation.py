@@ -84,7 +84,7 @@ def test_drafts_survive_preemption_prefix_caching_and_stop_strings() -> None:
 
 
 def test_drafts_are_dropped_rather_than_preempting_another_sequence() -> None:
-    from tests.test_policies import make_scheduler, make_seq, step
+    from tests.engine.test_policies import make_scheduler, make_seq, step
 
     sched = make_scheduler("fcfs", blocks=4, seqs=2)  # 4 blocks of 4 tokens
     a, b = make_seq(7, 20), make_seq(7, 20)
@@ -100,7 +100,7 @@ def test_drafts_are_dropped_rather_than_preempting_another_sequence() -> None:
 
 
 def test_drafts_that_fit_in_free_blocks_are_kept() -> None:
-    from tests.test_policies import make_scheduler, make_seq, step
+    from tests.engine.test_policies import make_scheduler, make_seq, step
 
     sched = make_scheduler("fcfs", blocks=8, seqs=2)
     a = make_seq(7, 20)
