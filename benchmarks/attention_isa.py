@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness.machine import cpu_description
+from cli.bench.machine import cpu_description
 from kernels import cpu_native, reference
 
 

@@ -26,8 +26,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness.machine import cpu_description
 from benchmarks.make_chat_workload import read_turns
+from cli.bench.machine import cpu_description
 from worker.engine.llm_engine import LLMEngine
 from worker.protocol.sampling_params import SamplingParams
 

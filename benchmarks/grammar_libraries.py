@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / ".peer" / "llguidance"))
 
 from benchmarks.dataset_features import SCHEMA  # noqa: E402
-from benchmarks.harness.machine import cpu_description  # noqa: E402
+from cli.bench.machine import cpu_description  # noqa: E402
 from worker.protocol.structured_output import choice_pattern  # noqa: E402
 
 # (name, normalized constraint, an output it must take, an output it must refuse)

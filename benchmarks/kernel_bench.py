@@ -282,8 +282,8 @@ def main(argv: list[str] | None = None) -> int:
 def bench_engine(args: argparse.Namespace) -> None:
     """End-to-end engine tokens/s on SmolLM2 for the heavy-tailed workload (bf16, Triton,
     decode CUDA graphs), continuous with 16 and 64 slots against its static policy."""
-    from benchmarks.harness.report import format_report
-    from benchmarks.harness.runner import BenchOptions, run_benchmark
+    from cli.bench.report import format_report
+    from cli.bench.runner import BenchOptions, run_benchmark
 
     opts = BenchOptions(
         model=args.engine_model, dtype="bfloat16", out_dir=Path(args.engine_out),

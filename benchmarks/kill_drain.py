@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness.machine import cpu_description  # noqa: E402
 from benchmarks.make_chat_workload import read_turns  # noqa: E402
+from cli.bench.machine import cpu_description  # noqa: E402
 from migrations.run import upgrade  # noqa: E402
 from worker.jobs.enqueue import enqueue  # noqa: E402
 from worker.queue.connection import make_redis  # noqa: E402
@@ -84,7 +84,7 @@ def run_once(n: int, kills: int, steps: int, args: argparse.Namespace) -> dict[s
             return sum(counts.get(k, 0) for k in ("succeeded", "failed", "cancelled"))
 
         def start() -> subprocess.Popen:
-            cmd = [sys.executable, "-m", "worker.cli.main", "worker", "--database-url", url,
+            cmd = [sys.executable, "-m", "cli.main", "worker", "--database-url", url,
                    "--redis-url", REDIS, "--prefix", keys.prefix, "--name", "drain",
                    "--model", args.model, "--max-num-seqs", str(args.max_num_seqs),
                    "--lock-ttl", "1.5", "--log-level", "WARNING"]

@@ -44,9 +44,9 @@ from typing import Any
 from sqlalchemy import Engine, func, insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from benchmarks.harness.linear_fit import LinearFit, fit_line
-from benchmarks.harness.machine import cpu_description
-from benchmarks.harness.service_stack import throwaway_database
+from benchmarks.service_stack import throwaway_database
+from cli.bench.linear_fit import LinearFit, fit_line
+from cli.bench.machine import cpu_description
 from worker.store.crud.jobs import after_job, list_jobs
 from worker.store.db import make_engine, make_session_factory
 from worker.store.models import Job
@@ -54,7 +54,7 @@ from worker.store.models import Job
 ROOT = Path(__file__).resolve().parents[1]
 TENANT = "bench"
 OTHER_TENANTS = ("other-a", "other-b", "other-c", "other-d")
-WALK_PAGE = 1000  # what worker.cli.jobs_cmd reads per query
+WALK_PAGE = 1000  # what cli.jobs_cmd reads per query
 CHUNK = 5000  # rows per executemany
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 WALKS = {"walk_s": "keyset, tenant", "walk_all_tenants_s": "keyset, all tenants",
@@ -185,7 +185,7 @@ def cli_run(url: str, expected: int, limit: str = "0") -> dict[str, float]:
     """``inflight jobs --tenant T --limit LIMIT --json``: wall seconds and its peak RSS
     (``wait4`` on it, through :data:`PEAK_RSS_WRAPPER`); fails unless it exits 0 after
     printing ``expected`` lines."""
-    cmd = [sys.executable, "-m", "worker.cli.main", "jobs", "--tenant", TENANT,
+    cmd = [sys.executable, "-m", "cli.main", "jobs", "--tenant", TENANT,
            "--limit", limit, "--json", "--database-url", url]
     read_end, write_end = os.pipe()
     t0 = time.perf_counter()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness.workload import BenchRequest, write_or_check
+from cli.bench.workload import BenchRequest, write_or_check
 
 SEED = 12
 LOGNORMAL_MU = 4.4

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness.workload import (
+from cli.bench.workload import (
     BenchRequest,
     static_utilization,
     write_or_check,

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness.plot import Series, plot_panels
+from cli.bench.plot import Series, plot_panels
 
 
 def generate_panel(data: dict[str, Any]) -> Series:

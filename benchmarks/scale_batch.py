@@ -28,9 +28,9 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
-from benchmarks.harness.linear_fit import fit_line
-from benchmarks.harness.machine import RssSampler, cpu_description
-from benchmarks.harness.service_stack import ServiceStack, service_stack
+from benchmarks.service_stack import ServiceStack, service_stack
+from cli.bench.linear_fit import fit_line
+from cli.bench.machine import RssSampler, cpu_description
 from worker.store.db import make_engine
 
 STAGES = ("upload_s", "expansion_s", "run_s", "finalize_s", "download_s")

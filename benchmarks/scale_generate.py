@@ -25,9 +25,9 @@ from itertools import cycle
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness.linear_fit import fit_line
-from benchmarks.harness.machine import RssSampler, cpu_description
 from benchmarks.make_chat_workload import SYSTEM_PROMPT, read_turns
+from cli.bench.linear_fit import fit_line
+from cli.bench.machine import RssSampler, cpu_description
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +52,7 @@ def write_input(path: Path, count: int, lengths: list[int]) -> int:
 def run_cli(path: Path, out: Path, model: str, threads: int, kv_bytes: int | None
             ) -> dict[str, Any]:
     """``inflight generate`` on ``path``; its wall time, tok/s after load and memory."""
-    cmd = [sys.executable, "-m", "worker.cli.main", "generate", str(path), "-o", str(out),
+    cmd = [sys.executable, "-m", "cli.main", "generate", str(path), "-o", str(out),
            "--no-resume", "--model", model, "--num-threads", str(threads)]
     if kv_bytes is not None:
         cmd += ["--kv-cache-memory", str(kv_bytes)]

@@ -154,7 +154,7 @@ def run_worker(env: Env, engine: Any, n: int, **cfg: Any) -> tuple[float, dict]:
 
 
 def bench_throughput(args: argparse.Namespace, env: Env) -> dict:
-    from benchmarks.harness.workload import fit_to_vocab, read_workload
+    from cli.bench.workload import fit_to_vocab, read_workload
     from worker.engine import EngineArgs, LLMEngine, SamplingParams
 
     engine = LLMEngine(EngineArgs(model=args.model, max_num_seqs=args.max_num_seqs, num_threads=args.threads))

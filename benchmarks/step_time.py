@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.harness.machine import cpu_description
+from cli.bench.machine import cpu_description
 from worker.engine import EngineArgs, LLMEngine, SamplingParams
 
 

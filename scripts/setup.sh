@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${INFLIGHT_TORCH_SPEC:-torch==2.13.0}
 
-# tcmalloc: the engine commands run on it where it is installed (worker/cli/allocator.py;
+# tcmalloc: the engine commands run on it where it is installed (cli/allocator.py;
 # about 7% more tokens/s than glibc's malloc). Best effort: without it they run on glibc's.
 if ! ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal.so.4 && [ "$(id -u)" = 0 ] \
     && command -v apt-get >/dev/null; then

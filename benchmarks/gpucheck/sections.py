@@ -28,7 +28,7 @@ from benchmarks.gpucheck.pytest_runs import (
 )
 from benchmarks.gpucheck.report import Recorder
 from benchmarks.gpucheck.workspace import Workspace
-from benchmarks.harness.workload import BenchRequest
+from cli.bench.workload import BenchRequest
 
 NO_CUDA = "no CUDA device here"
 
@@ -221,7 +221,7 @@ def bandwidth_figures(rec: Recorder, ws: Workspace) -> None:
 
 def throughput_runs(rec: Recorder, ws: Workspace) -> None:
     """The engine (continuous with/without graphs, padded static) against HF, in turn."""
-    from benchmarks.harness.engine_run import warm_up
+    from cli.bench.engine_run import warm_up
     from worker.engine.config import POLICIES
 
     plan = ws.plan

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.harness.workload import BenchRequest, cohorts
+from cli.bench.workload import BenchRequest, cohorts
 
 DROPPED_KEYS = ("occupancy", "waiting")  # per-step lists: too long for the report
 
@@ -78,8 +78,8 @@ def decode_graphs_disabled(engine: Any) -> Iterator[None]:
 
 def run_engine_config(engine: Any, requests: Sequence[BenchRequest], *, name: str, slots: int,
                       policy: str, graphs: bool) -> dict[str, Any]:
-    """One engine run through benchmarks.harness's runner; per-step lists dropped."""
-    from benchmarks.harness.engine_run import run_engine
+    """One engine run through cli.bench's runner; per-step lists dropped."""
+    from cli.bench.engine_run import run_engine
 
     context = contextlib.nullcontext() if graphs else decode_graphs_disabled(engine)
     with context:

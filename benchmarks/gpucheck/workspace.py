@@ -17,7 +17,7 @@ from benchmarks.gpucheck.arch_models import build_random_checkpoint
 from benchmarks.gpucheck.device import release_memory
 from benchmarks.gpucheck.plan import Plan
 from benchmarks.gpucheck.throughput import make_gpu_workload
-from benchmarks.harness.workload import BenchRequest
+from cli.bench.workload import BenchRequest
 
 
 class Workspace:
@@ -62,7 +62,7 @@ class Workspace:
     def kv_blocks(self) -> int:
         """Enough blocks for the whole workload at once and for the largest decode batch at
         the decode-graph and step-time contexts (one block each to spare)."""
-        from benchmarks.harness.runner import kv_blocks_for
+        from cli.bench.runner import kv_blocks_for
 
         plan = self.plan
         context = max(plan.graphs_max_context, plan.step_context)

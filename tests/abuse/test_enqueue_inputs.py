@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from cli.main import main
 from tests.abuse.cases import CASES
 from tests.service.conftest import REDIS_URL
-from worker.cli.main import main
 from worker.protocol.openai_batch import RequestParseError, parse_request_line
 
 pytestmark = pytest.mark.services

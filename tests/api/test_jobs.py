@@ -157,7 +157,7 @@ def test_jobs_cli_counts_only_the_tenant(env: ApiEnv, capsys: pytest.CaptureFixt
     import argparse
     import uuid
 
-    from worker.cli import jobs_cmd
+    from cli import jobs_cmd
     from worker.store.crud.jobs import count_by_status
 
     mine, other = f"t-cli-{uuid.uuid4().hex[:8]}", f"t-cli-{uuid.uuid4().hex[:8]}"
@@ -299,7 +299,7 @@ def _cli(env: ApiEnv, capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, l
     """Run ``inflight jobs ARGV`` on the test database; its exit status and stdout lines."""
     import argparse
 
-    from worker.cli import jobs_cmd
+    from cli import jobs_cmd
 
     parser = argparse.ArgumentParser()
     jobs_cmd.add_parser(parser.add_subparsers())
@@ -312,7 +312,7 @@ def _cli(env: ApiEnv, capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, l
 def test_jobs_cli_limit_0_prints_every_row(env: ApiEnv, capsys: pytest.CaptureFixture) -> None:
     """``inflight jobs --limit 0`` streams every matching row over several 1,000-row pages,
     ties included, in order and once each; ``--after`` and a positive ``--limit`` cut it."""
-    from worker.cli import jobs_cmd
+    from cli import jobs_cmd
 
     tenant = f"t-cli-all-{uuid.uuid4().hex[:8]}"
     ids = _seed_ties(env, tenant, groups=3, per_group=900)  # 2,700 rows: 3 pages

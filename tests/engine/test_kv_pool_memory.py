@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from benchmarks.harness.machine import current_rss_bytes
+from cli.bench.machine import current_rss_bytes
 from worker.engine.model_runner import kv_pool_tensor
 
 MIB = 1 << 20
@@ -33,7 +33,7 @@ def test_a_committed_cpu_pool_holds_its_memory_from_the_start() -> None:
     already resident, which no RSS reading can tell from a committed pool."""
     code = (
         "import torch\n"
-        "from benchmarks.harness.machine import current_rss_bytes\n"
+        "from cli.bench.machine import current_rss_bytes\n"
         "from worker.engine.model_runner import kv_pool_tensor\n"
         "before = current_rss_bytes()\n"
         "pool = kv_pool_tensor((4, 1024, 16, 4, 64), torch.float32, torch.device('cpu'),\n"

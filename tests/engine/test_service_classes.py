@@ -190,7 +190,7 @@ def test_inbox_hands_out_interactive_jobs_first() -> None:
 def test_top_shows_running_and_waiting_per_class() -> None:
     from types import SimpleNamespace
 
-    from worker.cli.top_cmd import format_workers
+    from cli.top_cmd import format_workers
 
     w = SimpleNamespace(id="w1", status="running", alive=True, heartbeat_age_s=0.5, step=9,
                         running=8, waiting=30, kv_use=0.5, tokens_per_s=1.0,

@@ -22,7 +22,7 @@ def main() -> int:
         return original(self)
 
     LLMEngine.step = step  # type: ignore[method-assign]
-    from worker.cli.main import main as cli_main
+    from cli.main import main as cli_main
 
     return cli_main(sys.argv[1:])
 

@@ -28,7 +28,7 @@ def main() -> int:
 
     LLMEngine.step = step  # type: ignore[method-assign]
     LLMEngine.add_request = add_request  # type: ignore[method-assign]
-    from worker.cli.main import main as cli_main
+    from cli.main import main as cli_main
 
     return cli_main(sys.argv[1:])
 

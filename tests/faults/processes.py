@@ -44,7 +44,7 @@ class ApiProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(log, "ab")  # noqa: SIM115  (closed in stop)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "api", "--port", str(self.port),
+            [sys.executable, "-m", "cli", "api", "--port", str(self.port),
              "--log-level", "warning"],
             cwd=ROOT,
             env={**os.environ, **env},

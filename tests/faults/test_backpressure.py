@@ -61,7 +61,7 @@ def test_api_refuses_with_retry_after_and_writes_nothing(make_env, private_redis
 
 def _enqueue(path: Path, *, db: str, redis_url: str, prefix: str, depth: int):
     return subprocess.run(
-        [sys.executable, "-m", "worker.cli", "enqueue", str(path), "--batch-id", "b-1",
+        [sys.executable, "-m", "cli", "enqueue", str(path), "--batch-id", "b-1",
          "--max-queue-depth", str(depth), "--database-url", db, "--redis-url", redis_url,
          "--prefix", prefix],
         cwd=ROOT, env=os.environ.copy(), capture_output=True, text=True, timeout=120,

@@ -51,7 +51,7 @@ def _memory_growth_mib(env_caps: dict[str, str]) -> int:
     code = (
         "import torch\n"
         "from torch import nn\n"
-        "from benchmarks.harness.machine import current_rss_bytes\n"
+        "from cli.bench.machine import current_rss_bytes\n"
         "from worker.engine.models.cpu_linear import pack_linears\n"
         "model = nn.Sequential(nn.Linear(576, 1536), nn.Linear(1536, 576))\n"
         "pack_linears(model)\n"

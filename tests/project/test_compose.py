@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from worker.cli.main import SUBCOMMANDS
+from cli.main import SUBCOMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -52,7 +52,7 @@ FAST_FLAGS = [
 
 def start_worker(
     *, db_url: str, redis_url: str, prefix: str, name: str, log_path: Path, extra: list[str] | None = None,
-    module: str = "worker.cli.main", env: dict[str, str] | None = None,
+    module: str = "cli.main", env: dict[str, str] | None = None,
 ) -> subprocess.Popen:
     """Start ``inflight worker`` (or a test wrapper module) as a subprocess."""
     args = [sys.executable, "-m", module, "worker", "--database-url", db_url, "--redis-url", redis_url,

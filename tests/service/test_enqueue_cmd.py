@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from cli.main import main
 from tests.service.conftest import REDIS_URL
-from worker.cli.main import main
 
 pytestmark = pytest.mark.services
 

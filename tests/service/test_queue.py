@@ -170,7 +170,7 @@ def test_the_reconciler_asks_the_carried_index_and_reads_no_stream(
     letters drop their job's field, hand-backs move it; the reconciler re-publishes
     exactly the jobs without one, reading no stream beyond its first entry."""
     from worker.queue.carried import carried_among, ensure_index
-    from worker.queue.handback import hand_back
+    from worker.queue.reissue import reissue_entries
 
     ensure_groups(redis_client=redis_client, keys=keys)
     assert ensure_index(redis_client=redis_client, keys=keys) == 0  # empty streams: ready
@@ -190,7 +190,7 @@ def test_the_reconciler_asks_the_carried_index_and_reads_no_stream(
     ack(redis_client=redis_client, keys=keys, entries=[(d.stream, d.entry_id, done)])
     dead_letter(redis_client=redis_client, session_factory=session_factory, keys=keys,
                 deliveries=[by_id[dead]], reason="test")
-    hand_back(redis_client=redis_client, keys=keys, deliveries=[by_id[moved]])
+    reissue_entries(redis_client=redis_client, keys=keys, deliveries=[by_id[moved]])
     assert carried_among(redis_client=redis_client, keys=keys, job_ids=ids) == set(ids) - {
         done, dead}
     # a duplicate delivery acked beside the live entry leaves the live one's field

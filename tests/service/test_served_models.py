@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from cli.main import main
 from tests.service.conftest import REDIS_URL
 from tests.service.helpers import wait_for, worker_thread
-from worker.cli.main import main
 from worker.service.config import WorkerConfig
 from worker.service.model_info import describe_engine, model_id_for
 from worker.service.worker import default_engine_factory

@@ -11,7 +11,7 @@ from worker.jobs.dead_letter import dead_letter
 from worker.jobs.enqueue import enqueue
 from worker.queue.consumer import ack, read_new
 from worker.queue.group import ensure_groups
-from worker.queue.handback import hand_back
+from worker.queue.reissue import reissue_entries
 from worker.queue.suspects import (
     CohortChoice,
     Evidence,
@@ -53,7 +53,7 @@ def test_a_run_is_remembered_until_it_ends(session_factory, redis_client, keys) 
 
     # each way a run ends drops its record: written and acked, handed back, dead-lettered
     ack(redis_client=redis_client, keys=keys, entries=[(*entries[0], got[0].job_id)])
-    hand_back(redis_client=redis_client, keys=keys, deliveries=[got[1]])
+    reissue_entries(redis_client=redis_client, keys=keys, deliveries=[got[1]])
     dead_letter(redis_client=redis_client, session_factory=session_factory, keys=keys, deliveries=[got[2]],
                 reason="test", evidence={entries[2]: seen[entries[2]].describe()})
     assert redis_client.hlen(keys.suspects) == 0

@@ -9,8 +9,8 @@ import redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from worker.queue.delivery import Delivery
-from worker.queue.handback import hand_back
 from worker.queue.keys import QueueKeys
+from worker.queue.reissue import reissue_entries
 from worker.store.crud import job_status
 
 
@@ -31,4 +31,4 @@ def hand_back_jobs(
     job_ids = [d.job_id for d in deliveries if d.job_id is not None]
     with session_factory.begin() as session:
         job_status.requeue_jobs(session=session, job_ids=job_ids, worker_id=worker_id, uncount=uncount)
-    return hand_back(redis_client=redis_client, keys=keys, deliveries=deliveries)
+    return reissue_entries(redis_client=redis_client, keys=keys, deliveries=deliveries)

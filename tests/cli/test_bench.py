@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.harness.metrics import StepRecord, fcfs_steps, static_steps, summarize_steps
-from benchmarks.harness.workload import DEFAULT_WORKLOAD, read_workload, static_utilization
-from worker.cli.main import main
+from cli.bench.metrics import StepRecord, fcfs_steps, static_steps, summarize_steps
+from cli.bench.workload import DEFAULT_WORKLOAD, read_workload, static_utilization
+from cli.main import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _small_workload(path: Path) -> list[int]:
@@ -98,8 +98,8 @@ def test_without_the_peer_environment_vllm_is_a_clear_error(tmp_path: Path, caps
 
 
 def test_report_helpers() -> None:
-    from benchmarks.harness.machine import cpu_description
-    from benchmarks.harness.report import agreement, ratios_of
+    from cli.bench.machine import cpu_description
+    from cli.bench.report import agreement, ratios_of
 
     ref = {"a": [1, 2, 3], "b": [4, 5, 6]}
     assert agreement(ref, {"a": [1, 2, 3], "b": [4, 0, 6]}, prefix=2) == 0.5
@@ -164,7 +164,7 @@ def test_step_counting_helpers() -> None:
 
 
 def test_bench_cmd_does_not_import_torch() -> None:
-    code = ("import sys, worker.cli.bench_cmd; "
+    code = ("import sys, cli.bench_cmd; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, check=True)
@@ -174,8 +174,8 @@ def test_bench_cmd_does_not_import_torch() -> None:
 _NO_MATPLOTLIB_RUN = """\
 import sys
 sys.modules["matplotlib"] = None  # any import of it now raises ImportError
-import benchmarks.harness.runner, worker.cli.bench_cmd
-from worker.cli.main import main
+import cli.bench.runner, cli.bench_cmd
+from cli.main import main
 def loaded():
     return sorted(m for m, mod in sys.modules.items()
                   if m.partition(".")[0] == "matplotlib" and mod is not None)
@@ -201,7 +201,7 @@ def test_bench_without_the_plot_never_imports_matplotlib(tmp_path: Path) -> None
 
 def test_without_matplotlib_the_run_skips_its_plot_and_says_why(tmp_path: Path, monkeypatch,
                                                       capsys) -> None:
-    from benchmarks.harness.plot import MISSING_MATPLOTLIB, plot_occupancy
+    from cli.bench.plot import MISSING_MATPLOTLIB, plot_occupancy
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
     try:
@@ -223,14 +223,14 @@ def test_without_matplotlib_the_run_skips_its_plot_and_says_why(tmp_path: Path, 
 
 
 def test_cli_config_names_match_the_runner() -> None:
-    from benchmarks.harness.runner import CONFIGS
-    from worker.cli.bench_cmd import _CONFIG_NAMES
+    from cli.bench.runner import CONFIGS
+    from cli.bench_cmd import _CONFIG_NAMES
 
     assert set(_CONFIG_NAMES) == set(CONFIGS)
 
 
 def test_linear_fit_tells_a_line_from_a_curve() -> None:
-    from benchmarks.harness.linear_fit import fit_line
+    from cli.bench.linear_fit import fit_line
 
     line = fit_line([1000, 5000, 20000], [2.0 + 0.001 * n for n in (1000, 5000, 20000)])
     assert abs(line.slope - 0.001) < 1e-12 and abs(line.intercept - 2.0) < 1e-9
@@ -241,7 +241,7 @@ def test_linear_fit_tells_a_line_from_a_curve() -> None:
 
 
 def test_rss_of_a_child_process_is_sampled_over_its_run() -> None:
-    from benchmarks.harness.machine import RssSampler
+    from cli.bench.machine import RssSampler
 
     code = "import time; block = bytearray(64 << 20); time.sleep(1.0)"
     proc = subprocess.Popen([sys.executable, "-c", code])

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from worker.cli.main import build_parser
-from worker.cli.worker_cmd import config_from_args
+from cli.main import build_parser
+from cli.worker_cmd import config_from_args
 
 
 def test_engine_flags_become_engine_kwargs(monkeypatch) -> None:
@@ -40,7 +40,7 @@ def test_worker_takes_the_shared_engine_flags(monkeypatch, capsys) -> None:
 
 
 def test_a_model_that_cannot_be_found_is_a_clear_error_not_a_traceback(tmp_path, capsys) -> None:
-    from worker.cli.main import main
+    from cli.main import main
 
     missing = tmp_path / "no-checkpoint-here"
     code = main(["worker", "--model", str(missing),

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness.machine import machine_description
-from benchmarks.harness.metrics import DEFINITIONS, fcfs_steps, ratio, static_steps
-from benchmarks.harness.report import agreement, ratios_of, targets_of
-from benchmarks.harness.workload import (
+from cli.bench.machine import machine_description
+from cli.bench.metrics import DEFINITIONS, fcfs_steps, ratio, static_steps
+from cli.bench.report import agreement, ratios_of, targets_of
+from cli.bench.workload import (
     DEFAULT_WORKLOAD,
     BenchRequest,
     fit_to_vocab,
@@ -122,10 +122,10 @@ def run_benchmark(opts: BenchOptions, say: Callable[[str], None] = print) -> dic
     import torch
     from transformers import AutoConfig
 
-    from benchmarks.harness.engine_run import run_engine, warm_up
-    from benchmarks.harness.hf_run import load_hf_model, run_hf, warm_up_hf
-    from benchmarks.harness.peer_run import DEFAULT_PEER_PYTHON, run_vllm
-    from benchmarks.harness.plot import MISSING_MATPLOTLIB, has_matplotlib, plot_occupancy
+    from cli.bench.engine_run import run_engine, warm_up
+    from cli.bench.hf_run import load_hf_model, run_hf, warm_up_hf
+    from cli.bench.peer_run import DEFAULT_PEER_PYTHON, run_vllm
+    from cli.bench.plot import MISSING_MATPLOTLIB, has_matplotlib, plot_occupancy
     from worker.engine.models.loader import resolve_checkpoint_dir
 
     unknown = [c for c in opts.configs if c not in CONFIGS]

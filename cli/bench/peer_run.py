@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness.workload import REPO_ROOT
+from cli.bench.workload import REPO_ROOT
 
 DEFAULT_PEER_PYTHON = REPO_ROOT / ".peer" / "vllm-venv" / "bin" / "python"
 PEER_SCRIPT = REPO_ROOT / "benchmarks" / "peer" / "vllm_run.py"

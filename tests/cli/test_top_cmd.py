@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from worker.cli.main import main
+from cli.main import main
 from worker.store.base import utcnow
 from worker.store.crud.worker_activity import worker_activity
 from worker.store.db import make_engine, make_session_factory
@@ -134,7 +134,7 @@ def test_top_survives_an_unreachable_redis(db, capsys: pytest.CaptureFixture[str
 
 
 def test_top_refreshes_until_interrupted(db, monkeypatch, capsys) -> None:
-    import worker.cli.top_cmd as top_cmd
+    import cli.top_cmd as top_cmd
 
     url, _ = db
     frames = []

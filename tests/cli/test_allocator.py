@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness.machine import mapped_allocator
-from worker.cli import allocator
-from worker.cli.allocator import (
+from cli import allocator
+from cli.allocator import (
     ALLOCATOR_ENV,
     PRELOADED_ENV,
     PREVIOUS_PRELOAD_ENV,
@@ -20,6 +19,7 @@ from worker.cli.allocator import (
     restart_environment,
     restart_with_tcmalloc,
 )
+from cli.bench.machine import mapped_allocator
 
 LIB = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
@@ -108,7 +108,7 @@ def test_bench_command_runs_on_tcmalloc_when_installed(tmp_path: Path) -> None:
         for i in range(3)))
     env = {k: v for k, v in os.environ.items()
            if k not in ("LD_PRELOAD", ALLOCATOR_ENV, PRELOADED_ENV, PREVIOUS_PRELOAD_ENV)}
-    code = ("import os, sys; from worker.cli.main import main; status = main(); "
+    code = ("import os, sys; from cli.main import main; status = main(); "
             "print('child LD_PRELOAD=' + os.environ.get('LD_PRELOAD', '')); sys.exit(status)")
     result = subprocess.run(
         [sys.executable, "-c", code, "bench", "--model", "tiny-llama", "--configs", "inflight",

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from worker.cli.main import main
+from cli.main import main
 from worker.store.crud.job_trace import job_trace
 from worker.store.db import make_engine, make_session_factory
 from worker.store.models import Iteration, Job

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from worker.cli.engine_flags import add_engine_flags, engine_args_from
-from worker.cli.generate_loop import Progress, WorkItem, run_requests
-from worker.cli.jsonl_io import ResultsFile, count_input_lines, iter_input_lines, prepare_output
+from cli.engine_flags import add_engine_flags, engine_args_from
+from cli.generate_loop import Progress, WorkItem, run_requests
+from cli.jsonl_io import ResultsFile, count_input_lines, iter_input_lines, prepare_output
 from worker.protocol.openai_batch import RequestParseError, parse_request_line
 from worker.protocol.sampling_params import InvalidRequestError
 

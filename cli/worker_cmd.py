@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from worker.cli.engine_flags import add_engine_flags, engine_kwargs_from
+from cli.engine_flags import add_engine_flags, engine_kwargs_from
 from worker.engine.grammar_service import DEFAULT_TIMEOUT_S
 from worker.service.config import WorkerConfig
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.harness.workload import BenchRequest, cohorts
+from cli.bench.workload import BenchRequest, cohorts
 from worker.engine.models.loader import resolve_checkpoint_dir
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -11,9 +11,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.harness.machine import RssSampler
-from benchmarks.harness.metrics import StepRecord, summarize_steps
-from benchmarks.harness.workload import BenchRequest
+from cli.bench.machine import RssSampler
+from cli.bench.metrics import StepRecord, summarize_steps
+from cli.bench.workload import BenchRequest
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.scheduler import Scheduler
 from worker.engine.speculation import NgramSpeculator

@@ -10,7 +10,7 @@ import importlib.util
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from benchmarks.harness.linear_fit import fit_line
+from cli.bench.linear_fit import fit_line
 
 MISSING_MATPLOTLIB = "plots need matplotlib: pip install 'inflight[bench]'"
 

@@ -1,6 +1,6 @@
 """``inflight bench``: this engine (continuous and static) against HF ``generate``, one run.
 
-The measuring lives in ``benchmarks.harness``; this module only parses options and
+The measuring lives in ``cli.bench``; this module only parses options and
 imports torch (through the runner) inside ``run()``.
 """
 
@@ -30,7 +30,9 @@ pip install 'inflight[bench]')."""
 
 
 def _default_workload() -> str:
-    return str(Path(__file__).resolve().parents[2] / "benchmarks" / "chat_workload.jsonl")
+    """The chat workload of a checkout of the repository (the benchmark's data and peer
+    scripts live in its ``benchmarks/``, not in the installed package)."""
+    return str(Path(__file__).resolve().parents[1] / "benchmarks" / "chat_workload.jsonl")
 
 
 def _configs(text: str) -> list[str]:
@@ -85,8 +87,8 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; 0 on success (targets missed are reported, not an error)."""
-    from benchmarks.harness.report import format_report
-    from benchmarks.harness.runner import BenchOptions, run_benchmark
+    from cli.bench.report import format_report
+    from cli.bench.runner import BenchOptions, run_benchmark
 
     configs = [c for c in args.configs if not (args.skip_hf and c == "hf-16")]
     configs += [p for p in args.peer if p not in configs]
@@ -94,8 +96,9 @@ def run(args: argparse.Namespace) -> int:
         print("inflight bench: error: no configuration left to run", file=sys.stderr)
         return 2
     if not Path(args.workload).is_file():
-        print(f"inflight bench: error: workload {args.workload!r} does not exist",
-              file=sys.stderr)
+        print(f"inflight bench: error: workload {args.workload!r} does not exist (the "
+              "default is benchmarks/chat_workload.jsonl of a checkout of the repository; "
+              "pass --workload otherwise)", file=sys.stderr)
         return 2
     opts = BenchOptions(
         model=args.model, workload=Path(args.workload), out_dir=Path(args.out_dir),

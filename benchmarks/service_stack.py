@@ -102,7 +102,7 @@ def service_stack(*, model: str = "tiny-llama", workers: int = 1, api_workers: i
 
 
 def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "worker.cli.main", *args], cwd=ROOT, env=env)
+    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env)
 
 
 def _prepare_database(db_url: str, tenant: str) -> str:

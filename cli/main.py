@@ -11,26 +11,26 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from worker.cli.allocator import restart_with_tcmalloc
+from cli.allocator import restart_with_tcmalloc
 
 # name -> (module exposing add_parser(subparsers) and run(args) -> int, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "generate": ("worker.cli.generate_cmd",
+    "generate": ("cli.generate_cmd",
                  "generate completions for a JSONL file of requests on this machine"),
-    "bench": ("worker.cli.bench_cmd", "benchmark the engine against its static policy and HF"),
-    "worker": ("worker.cli.worker_cmd", "run a long-lived worker pulling jobs from Redis"),
-    "enqueue": ("worker.cli.enqueue_cmd", "enqueue a JSONL file of requests as jobs"),
-    "jobs": ("worker.cli.jobs_cmd", "list jobs"),
-    "job": ("worker.cli.jobs_cmd", "show one job: state, timeline and result"),
-    "trace": ("worker.cli.trace_cmd", "one job's timeline and what else was in its batch"),
-    "top": ("worker.cli.top_cmd", "live view of the workers and the queues"),
-    "models": ("worker.cli.models_cmd", "the models the live workers serve"),
-    "migrate": ("worker.cli.migrate_cmd", "apply the database migrations"),
-    "api": ("worker.cli.api_cmd", "serve the REST API"),
-    "keys": ("worker.cli.keys_cmd", "create, list and revoke API keys"),
+    "bench": ("cli.bench_cmd", "benchmark the engine against its static policy and HF"),
+    "worker": ("cli.worker_cmd", "run a long-lived worker pulling jobs from Redis"),
+    "enqueue": ("cli.enqueue_cmd", "enqueue a JSONL file of requests as jobs"),
+    "jobs": ("cli.jobs_cmd", "list jobs"),
+    "job": ("cli.jobs_cmd", "show one job: state, timeline and result"),
+    "trace": ("cli.trace_cmd", "one job's timeline and what else was in its batch"),
+    "top": ("cli.top_cmd", "live view of the workers and the queues"),
+    "models": ("cli.models_cmd", "the models the live workers serve"),
+    "migrate": ("cli.migrate_cmd", "apply the database migrations"),
+    "api": ("cli.api_cmd", "serve the REST API"),
+    "keys": ("cli.keys_cmd", "create, list and revoke API keys"),
 }
 # Commands that run the engine in this process: started again on tcmalloc where it is
-# installed (worker/cli/allocator.py).
+# installed (cli/allocator.py).
 ENGINE_COMMANDS = frozenset({"generate", "bench", "worker"})
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from worker.cli.generate_cmd import LinePlanner
-from worker.cli.generate_loop import Progress, WorkItem, run_requests
-from worker.cli.jsonl_io import ResultsFile, count_input_lines, iter_input_lines, prepare_output
-from worker.cli.main import main
+from cli.generate_cmd import LinePlanner
+from cli.generate_loop import Progress, WorkItem, run_requests
+from cli.jsonl_io import ResultsFile, count_input_lines, iter_input_lines, prepare_output
+from cli.main import main
 from worker.protocol.openai_batch import parse_request_line
 from worker.protocol.sampling_params import InvalidRequestError
 
@@ -207,7 +207,7 @@ def parse_error(raw: bytes):
 
 
 def test_inflight_help_is_fast_and_torch_free():
-    code = ("import sys; from worker.cli.main import main\n"
+    code = ("import sys; from cli.main import main\n"
             "for argv in (['--help'], ['generate', '--help']):\n"
             "    try: main(argv)\n"
             "    except SystemExit as e: assert e.code == 0\n"
@@ -225,9 +225,9 @@ def test_no_command_and_missing_input(tmp_path, capsys):
 
 
 def test_missing_subcommand_module_is_a_clear_error(monkeypatch, capsys):
-    from worker.cli import main as main_module
+    from cli import main as main_module
 
-    monkeypatch.setitem(main_module.SUBCOMMANDS, "ghost", ("worker.cli.ghost_cmd", "not here"))
+    monkeypatch.setitem(main_module.SUBCOMMANDS, "ghost", ("cli.ghost_cmd", "not here"))
     assert main(["ghost"]) == 2
     assert "the 'ghost' command is not available" in capsys.readouterr().err
 
@@ -408,7 +408,7 @@ def test_progress_bar_and_summary(tmp_path, capsys):
 
 
 def test_n_samples_become_n_choices(tmp_path) -> None:
-    from worker.cli.main import main
+    from cli.main import main
 
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"custom_id": "multi", "prompt": "the engine", "n": 3, "max_tokens": 6,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from benchmarks.harness.metrics import ratio
+from cli.bench.metrics import ratio
 
 TARGETS = {"fraction_of_ideal": 0.85, "slot_utilization_steady": 0.97, "kv_waste": 0.04,
            "over_hf": 5.5, "over_vllm": 1.5, "peak_rss_bytes": 2 * 10**9}

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from worker.cli.jsonl_io import ResultsFile
+from cli.jsonl_io import ResultsFile
 from worker.protocol.openai_batch import (
     GenerationRequest,
     RequestParseError,
