@@ -154,7 +154,7 @@ def check_request_limits(
     ``max_model_len`` is configured) a prompt bound plus max_tokens that cannot fit.
     A request it admits without ``max_tokens`` and without ``max_model_len`` gets
     ``max_tokens_limit`` written into it (:func:`cap_max_tokens`)."""
-    prompt_param = "messages" if req.is_chat else "prompt"
+    prompt_param = "messages" if req.messages is not None else "prompt"
     bound = prompt_token_bound(req)
     exact = isinstance(req.prompt, list)
     how = f"{bound} tokens" if exact else f"up to {bound} tokens (one per UTF-8 byte at most)"
