@@ -19,7 +19,7 @@ pytestmark = pytest.mark.services
 
 
 def _register(env: ApiEnv, worker_id: str, info: ModelInfo, *, age_s: float = 0.0) -> None:
-    """A worker row as ``Worker.run`` writes it, its heartbeat ``age_s`` seconds old."""
+    """A worker row as ``WorkerProcess.run`` writes it, its heartbeat ``age_s`` seconds old."""
     with env.ctx.session_factory.begin() as s:
         register_worker(session=s, worker_id=worker_id, host="h", model="spec", pid=1, info=info)
         heartbeat(session=s, worker_id=worker_id, status="running")
