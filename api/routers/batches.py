@@ -3,10 +3,14 @@ batch of a finished batch's failed and expired lines)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import timedelta
 from typing import Any
 
-from fastapi import APIRouter, Body, Query, Request
+from fastapi import APIRouter, Body, Header, Query, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.admission import admit_or_refuse
@@ -21,9 +25,10 @@ from api.ownership import owned_batch
 from api.quotas import check_batch_quota, check_queued_jobs, check_storage_quota
 from api.schemas import BatchCreate, BatchObject, BatchRetry
 from api.views import batch_view
+from worker.protocol.limits import check_id
 from worker.store.base import utcnow
 from worker.store.crud.batch_admin import get_progress, list_batches
-from worker.store.crud.batches import create_batch
+from worker.store.crud.batches import create_batch, find_by_idempotency_key
 from worker.store.crud.files import create_file, get_file, new_file_id
 from worker.store.crud.jobs import count_by_status
 from worker.store.crud.tenant_usage import lock_tenant
@@ -70,20 +75,83 @@ def _input_path(session: Session, tenant: str, file_id: str) -> str:
     return f.path
 
 
+class _KeyTaken(Exception):
+    """The idempotency key has a batch already (found under the tenant's lock)."""
+
+
+def _digest(payload: BatchCreate) -> str:
+    """What an idempotency key is bound to: every field of the request, defaults included
+    (an omitted ``completion_window`` and ``"24h"`` are the same request)."""
+    body = payload.model_dump(mode="json")
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _replayed(ctx: Context, tenant: str, key: str, digest: str) -> Batch | None:
+    """The batch an earlier request with ``key`` created (409 if its request differed)."""
+    with ctx.session_factory() as session:
+        batch = find_by_idempotency_key(session=session, tenant=tenant, key=key)
+    if batch is None:
+        return None
+    if batch.request_digest != digest:
+        raise ApiError(
+            409,
+            f"idempotency key {key!r} was already used with a different request",
+            code="idempotency_key_reused",
+            param="Idempotency-Key",
+        )
+    return batch
+
+
+def _replay(ctx: Context, batch: Batch) -> JSONResponse:
+    """The earlier batch, as it is now, marked as a replay."""
+    view = _live_view(ctx, batch)[0]
+    return JSONResponse(view, status_code=200, headers={"Idempotent-Replayed": "true"})
+
+
 @router.post(
     "",
     operation_id="createBatch",
-    responses={200: {"description": "the batch, validating", "model": BatchObject,
-                     "links": links_to("batch_id", "getBatch", "cancelBatch")}},
+    responses={200: {"description": "the batch, validating (or, with the header "
+                                    "``Idempotent-Replayed: true``, the batch an earlier "
+                                    "request with the same Idempotency-Key created)",
+                     "model": BatchObject,
+                     "headers": {"Idempotent-Replayed": {
+                         "description": "``true`` when the answer is an earlier request's "
+                                        "batch", "schema": {"type": "string"}}},
+                     "links": links_to("batch_id", "getBatch", "cancelBatch")},
+               409: {"description": "the Idempotency-Key was already used with a different "
+                                    "request (``idempotency_key_reused``)"}},
 )
 def create(
-    *, payload: BatchCreate, request: Request, ctx: CtxDep, tenant: TenantDep
-) -> dict[str, Any]:
+    *,
+    payload: BatchCreate,
+    request: Request,
+    idempotency_key: str | None = Header(
+        None,
+        alias="Idempotency-Key",
+        max_length=255,
+        description="a repeat with the same key and request answers the batch created "
+        "first (200, ``Idempotent-Replayed: true``) and creates nothing; the same key with "
+        "a different request is a 409. Keys are per tenant.",
+    ),
+    ctx: CtxDep,
+    tenant: TenantDep,
+) -> Any:
     """Create a batch from an uploaded JSONL file. Answers ``validating`` at once; its lines
     become jobs in the background (resumed after a crash by the control plane's beat).
     Before anything is written the file's lines are counted (streamed, nothing kept): more
     than ``max_batch_lines`` is a 400, and the lines count against the queue's bound and
-    the tenant's queued-jobs quota like as many job submissions (429 with Retry-After)."""
+    the tenant's queued-jobs quota like as many job submissions (429 with Retry-After).
+    With an ``Idempotency-Key`` a repeat of the request answers the batch the first one
+    created (200, ``Idempotent-Replayed: true``) and creates nothing; the same key with a
+    different request is a 409 ``idempotency_key_reused``."""
+    key = idempotency_key
+    digest = _digest(payload)
+    if key is not None:
+        check_id(key, param="Idempotency-Key")
+        earlier = _replayed(ctx, tenant, key, digest)
+        if earlier is not None:
+            return _replay(ctx, earlier)
     admit_or_refuse(ctx, "batch")  # 429/503 before anything is written or counted
     known_id("file", payload.input_file_id, param="input_file_id")
     with ctx.session_factory() as session:
@@ -98,22 +166,35 @@ def create(
             param="input_file_id",
         )
     admit_or_refuse(ctx, "batch", offered=lines)
-    with ctx.session_factory.begin() as session:
-        lock_tenant(session=session, tenant=tenant)  # DELETE /v1/files/{id} takes it too
-        check_batch_quota(ctx, session, tenant)  # 429, exact under the tenant's lock
-        check_queued_jobs(ctx, session, tenant, adding=lines)
-        _input_path(session, tenant, payload.input_file_id)  # not deleted meanwhile
-        batch_id = _new_batch(
-            session,
-            tenant,
-            endpoint=payload.endpoint,
-            input_file_id=payload.input_file_id,
-            completion_window=payload.completion_window,
-            metadata=payload.metadata,
-            output_expires_after=(
-                payload.output_expires_after.seconds if payload.output_expires_after else None
-            ),
-        )
+    try:
+        with ctx.session_factory.begin() as session:
+            lock_tenant(session=session, tenant=tenant)  # DELETE /v1/files/{id} takes it too
+            if key is not None and find_by_idempotency_key(session=session, tenant=tenant,
+                                                           key=key):
+                raise _KeyTaken  # a concurrent request with the key created it meanwhile
+            check_batch_quota(ctx, session, tenant)  # 429, exact under the tenant's lock
+            check_queued_jobs(ctx, session, tenant, adding=lines)
+            _input_path(session, tenant, payload.input_file_id)  # not deleted meanwhile
+            batch_id = _new_batch(
+                session,
+                tenant,
+                endpoint=payload.endpoint,
+                input_file_id=payload.input_file_id,
+                completion_window=payload.completion_window,
+                metadata=payload.metadata,
+                output_expires_after=(
+                    payload.output_expires_after.seconds if payload.output_expires_after else None
+                ),
+                idempotency_key=key,
+                request_digest=digest if key is not None else None,
+            )
+    except (_KeyTaken, IntegrityError):
+        # a concurrent first request with the same key committed its batch first (seen
+        # under the tenant's lock, or by the unique constraint)
+        earlier = _replayed(ctx, tenant, key, digest) if key is not None else None
+        if earlier is None:
+            raise
+        return _replay(ctx, earlier)
     view = _live_view(ctx, _owned(ctx, tenant, batch_id))[0]  # as created: validating
     request.app.state.dispatcher.submit("inflight.expand_batch", batch_id)
     return view
@@ -129,6 +210,8 @@ def _new_batch(
     metadata: dict[str, str] | None,
     output_expires_after: int | None,
     retry_of: str | None = None,
+    idempotency_key: str | None = None,
+    request_digest: str | None = None,
 ) -> str:
     """Add a batch (validating, its window starting now); returns its id."""
     batch = create_batch(
@@ -138,6 +221,8 @@ def _new_batch(
         input_file_id=input_file_id,
         completion_window=completion_window,
         metadata=metadata,
+        idempotency_key=idempotency_key,
+        request_digest=request_digest,
     )
     batch.created_at = utcnow()
     batch.expires_at = batch.created_at + timedelta(hours=int(completion_window[:-1]))

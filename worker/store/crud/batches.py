@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from worker.store.models import Batch
@@ -24,8 +25,11 @@ def create_batch(
     completion_window: str = "24h",
     metadata: dict[str, Any] | None = None,
     batch_id: str | None = None,
+    idempotency_key: str | None = None,
+    request_digest: str | None = None,
 ) -> Batch:
-    """Add a batch in status ``validating`` (the caller commits)."""
+    """Add a batch in status ``validating`` (the caller commits; a duplicate idempotency key
+    for the tenant raises IntegrityError then)."""
     batch = Batch(
         id=batch_id or new_batch_id(),
         tenant=tenant,
@@ -36,9 +40,17 @@ def create_batch(
         request_total=0,
         request_completed=0,
         request_failed=0,
+        idempotency_key=idempotency_key,
+        request_digest=request_digest,
     )
     session.add(batch)
     return batch
+
+
+def find_by_idempotency_key(*, session: Session, tenant: str, key: str) -> Batch | None:
+    """The tenant's batch created with idempotency key ``key``, or None."""
+    stmt = select(Batch).where(Batch.tenant == tenant, Batch.idempotency_key == key)
+    return session.scalars(stmt).first()
 
 
 def get_batch(*, session: Session, batch_id: str) -> Batch | None:

@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import JSON, Index, Integer, String
+from sqlalchemy import JSON, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from worker.store.base import Base, UTCDateTime, utcnow
@@ -56,5 +56,13 @@ class Batch(Base):
     output_expires_after: Mapped[int | None] = mapped_column(Integer)
     # the batch whose failed and expired lines this one re-runs (POST .../retry)
     retry_of: Mapped[str | None] = mapped_column(String(64))
+    # the Idempotency-Key the batch was created with (unique per tenant) and the SHA-256 of
+    # its request, so a repeat answers this batch and the same key with another request is
+    # refused
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_digest: Mapped[str | None] = mapped_column(String(64))
 
-    __table_args__ = (Index(None, "tenant", "created_at"),)
+    __table_args__ = (
+        Index(None, "tenant", "created_at"),
+        UniqueConstraint("tenant", "idempotency_key"),
+    )
