@@ -27,6 +27,18 @@ def _env_bool(name: str, default: bool) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
+def _env_days(name: str, default: float | None) -> float | None:
+    """A retention period in days: unset or empty gives ``default``; ``none``, ``never``
+    or a negative number keep forever (None); 0 acts at the next run after a job ends."""
+    value = (os.environ.get(name) or "").strip().lower()
+    if not value:
+        return default
+    if value in ("none", "never"):
+        return None
+    days = float(value)
+    return None if days < 0 else days
+
+
 @dataclass
 class Settings:
     """Everything that shapes one API process (sizes in bytes, times in seconds)."""
@@ -53,6 +65,12 @@ class Settings:
     webhook_backoff: float = 2.0  # first retry after this long, doubling
     webhook_timeout: float = 5.0
     iteration_retention_days: float = 7.0
+    # Finished jobs (retention beat task; None keeps forever): their request body and
+    # result (text, choices, error detail) are cleared after the first, their rows deleted
+    # after the second, which must not be shorter.
+    job_result_retention_days: float | None = 30.0
+    job_retention_days: float | None = 90.0
+    retention_chunk: int = 1_000  # jobs per retention transaction
     reconcile_grace: float = 30.0
     worker_timeout: float = 30.0
     auth_cache_ttl: float = 30.0
@@ -101,6 +119,8 @@ class Settings:
             webhook_max_attempts=_env_int("INFLIGHT_WEBHOOK_MAX_ATTEMPTS", 6),
             webhook_backoff=_env_float("INFLIGHT_WEBHOOK_BACKOFF", 2.0),
             iteration_retention_days=_env_float("INFLIGHT_ITERATION_RETENTION_DAYS", 7.0),
+            job_result_retention_days=_env_days("INFLIGHT_JOB_RESULT_RETENTION_DAYS", 30.0),
+            job_retention_days=_env_days("INFLIGHT_JOB_RETENTION_DAYS", 90.0),
             max_model_len=_env_int("INFLIGHT_MAX_MODEL_LEN", 0) or None,
             operator_key=os.environ.get("INFLIGHT_OPERATOR_KEY") or None,
             docs_enabled=_env_bool("INFLIGHT_DOCS", True),
@@ -123,7 +143,21 @@ class Settings:
         for name, value in overrides.items():
             if value is not None:
                 setattr(s, name, value)
+        s.check()
         return s
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Refuse settings that contradict each other (ValueError naming them)."""
+        result, row = self.job_result_retention_days, self.job_retention_days
+        if row is not None and (result is None or row < result):
+            raise ValueError(
+                f"INFLIGHT_JOB_RETENTION_DAYS ({row}) must be at least "
+                f"INFLIGHT_JOB_RESULT_RETENTION_DAYS ({'never' if result is None else result}): "
+                "a finished job's row cannot go before its result does"
+            )
 
     @property
     def storage_path(self) -> Path:

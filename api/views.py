@@ -29,8 +29,9 @@ def _epoch_f(ts: datetime | None) -> float | None:
 def response_body(job: Job, *, model_name: str) -> dict[str, Any] | None:
     """The OpenAI response body of a succeeded job (None otherwise), from what the worker
     stored: every sample, with logprobs where the request asked for them. Rows written
-    before samples were stored give choice 0 from their text. The request is not parsed."""
-    if job.status != "succeeded":
+    before samples were stored give choice 0 from their text. The request is not parsed.
+    None too once retention cleared the result (``result_expired_at``)."""
+    if job.status != "succeeded" or job.result_expired_at is not None:
         return None
     endpoint, body = split_stored(job.request)
     if job.choices:
@@ -89,6 +90,9 @@ def job_view(
         "error": (
             {"message": job.error, "type": "job_error", "code": job.status} if job.error else None
         ),
+        # when retention cleared the request body and result (then ``result`` and
+        # ``error`` are null however the job ended); null while they are stored
+        "result_expired_at": epoch(job.result_expired_at),
     }
     if full:
         out["result"] = response_body(job, model_name=model_name)

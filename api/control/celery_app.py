@@ -115,8 +115,9 @@ def _register(app: Celery, get_ctx: Callable[[], Context]) -> None:
         return maintenance.expire_batches(get_ctx())
 
     @app.task(name="inflight.prune_iterations", shared=False)
-    def prune_iterations() -> int:
-        return maintenance.prune_old_iterations(get_ctx())
+    def prune_iterations() -> dict[str, int]:
+        """Retention: iteration rows, then finished jobs' results and rows."""
+        return maintenance.apply_retention(get_ctx())
 
     # no retries: a failed run leaves its files for the next beat, a minute later
     @app.task(name="inflight.delete_expired_files", shared=False)

@@ -1,9 +1,11 @@
 """Periodic upkeep (Celery beat): reconcile lost jobs, finalize finished batches, expire
-batches past their completion window, prune old iteration rows, delete expired files."""
+batches past their completion window, prune old iteration rows and old jobs' results and
+rows, delete expired files."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 
 from api.context import Context
 from api.control.finalize import finalize_batch
@@ -13,7 +15,7 @@ from worker.store.base import utcnow
 from worker.store.crud.batch_admin import batches_in_status, expired_batch_ids, set_batch_status
 from worker.store.crud.expansion import stalled_expansions
 from worker.store.crud.files import delete_file, expired_files, get_file, open_batch_using
-from worker.store.crud.retention import prune_iterations
+from worker.store.crud.retention import delete_old_jobs, expire_job_results, prune_iterations
 from worker.store.crud.tenant_usage import lock_tenant
 
 EXPIRED_FILES_PER_RUN = 500
@@ -78,6 +80,42 @@ def prune_old_iterations(ctx: Context) -> int:
     cutoff = utcnow() - timedelta(days=ctx.settings.iteration_retention_days)
     with ctx.session_factory.begin() as session:
         return prune_iterations(session=session, older_than=cutoff)
+
+
+def _cutoff(days: float | None) -> datetime | None:
+    """Now less ``days``; None (keep forever) stays None."""
+    return None if days is None else utcnow() - timedelta(days=days)
+
+
+def _in_chunks(ctx: Context, step: Callable[..., int], **kw: object) -> int:
+    """Run ``step`` (one chunk of ``ctx.settings.retention_chunk`` jobs) in a transaction
+    of its own until a chunk comes back short; returns how many jobs in all."""
+    limit, total = ctx.settings.retention_chunk, 0
+    while True:
+        with ctx.session_factory.begin() as session:
+            done = step(session=session, limit=limit, **kw)
+        total += done
+        if done < limit:
+            return total
+
+
+def expire_old_jobs(ctx: Context) -> dict[str, int]:
+    """Job retention: clear the request and result of jobs ended before
+    ``job_result_retention_days``, then delete the rows of those ended before
+    ``job_retention_days`` (:mod:`worker.store.crud.retention` says which are kept)."""
+    results = rows = 0
+    result_cutoff = _cutoff(ctx.settings.job_result_retention_days)
+    if result_cutoff is not None:
+        results = _in_chunks(ctx, expire_job_results, ended_before=result_cutoff, now=utcnow())
+    row_cutoff = _cutoff(ctx.settings.job_retention_days)
+    if row_cutoff is not None:
+        rows = _in_chunks(ctx, delete_old_jobs, ended_before=row_cutoff)
+    return {"results_expired": results, "jobs_deleted": rows}
+
+
+def apply_retention(ctx: Context) -> dict[str, int]:
+    """The hourly retention run: old iteration rows, then old jobs' results and rows."""
+    return {"iterations": prune_old_iterations(ctx), **expire_old_jobs(ctx)}
 
 
 def delete_expired_files(ctx: Context, *, limit: int = EXPIRED_FILES_PER_RUN) -> list[str]:

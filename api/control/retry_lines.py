@@ -28,7 +28,16 @@ _BLOCK = 1 << 20
 
 
 def job_line(job: Job) -> bytes:
-    """A failed job's OpenAI Batch input line: its custom_id and the request it ran."""
+    """A failed job's OpenAI Batch input line: its custom_id and the request it ran. 409
+    ``request_expired`` once retention cleared that request."""
+    if job.result_expired_at is not None:
+        raise ApiError(
+            409,
+            f"the request of job {job.id!r} (custom_id {job.custom_id!r}) was cleared by "
+            "retention, so its batch cannot be retried",
+            code="request_expired",
+            param="batch_id",
+        )
     url, body = split_stored(job.request)
     line = {"custom_id": job.custom_id, "method": "POST", "url": url, "body": body}
     return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"

@@ -99,6 +99,25 @@ def _imports_job_model(tree: ast.Module) -> bool:
     )
 
 
+def _updates_without_status(fn: ast.AST) -> set[int]:
+    """ids of the ``update(...)`` calls whose statement sets its columns only by name, none
+    of them ``status`` (``update(Job).where(...).values(text=None)``: retention clearing
+    results), which therefore write no status. One ``.values`` that may set it (a
+    ``status=``, a dict, a ``**`` splat, or none at all) anywhere on the chain counts."""
+    clean: set[int] = set()
+    dirty: set[int] = set()
+    for n in ast.walk(fn):
+        if not (isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "values"):
+            continue
+        names = [k.arg for k in n.keywords]
+        ok = not n.args and bool(names) and None not in names and "status" not in names
+        (clean if ok else dirty).update(
+            id(c) for c in ast.walk(n.func)
+            if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "update"
+        )
+    return clean - dirty
+
+
 def _writes_status(fn: ast.AST, orm_module: bool) -> bool:
     """Whether this function writes ``jobs.status``: an UPDATE or INSERT on the jobs table
     (SQLAlchemy core or raw SQL), a ``Job(...)`` added to a session, or, in a module that
@@ -118,8 +137,9 @@ def _writes_status(fn: ast.AST, orm_module: bool) -> bool:
         for t in n.targets
         if isinstance(t, ast.Name)
     }
+    spared = _updates_without_status(fn)
     for n in ast.walk(fn):
-        if isinstance(n, ast.Call):
+        if isinstance(n, ast.Call) and id(n) not in spared:
             name = n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
             if name in _WRITE_CALLS and n.args and _mentions_job_table(n.args[0], aliases):
                 return True
@@ -217,6 +237,10 @@ def test_only_the_lifecycle_imports_the_status_writes() -> None:
         "def f(s):\n    s.add(Job(id='j', request={}))\n",
         "def f(s):\n    row = Job(id='j')\n    s.add_all([row])\n",
         "class C:\n    def f(self, s):\n        s.execute(insert(Job), [])\n",
+        "def f(s):\n    s.execute(update(Job).values(text=None).values(status='x'))\n",
+        "def f(s, v):\n    s.execute(update(Job).where(Job.id == 1).values(text=None, **v))\n",
+        "def f(s):\n    s.execute(update(Job).values({'status': 'x'}))\n",
+        "def f(s):\n    s.execute(update(Job), [{'id': 1, 'status': 'x'}])\n",
     ],
 )
 def test_the_scan_finds_each_way_of_writing_a_status(snippet: str) -> None:
@@ -232,5 +256,8 @@ def test_the_scan_leaves_other_tables_and_reads_alone() -> None:
     )
     assert status_writers_in(other, "x.py") == []
     assert status_writers_in("def h(w):\n    w.status = 'running'\n", "x.py") == []
+    # clearing other columns by name (retention) writes no status
+    clear = "def c(s):\n    s.execute(update(Job).where(Job.id == 1).values(text=None))\n"
+    assert status_writers_in(clear, "x.py") == []
     # a row made to render an answer, never added to a session, writes nothing
     assert status_writers_in("def r(j):\n    return [Job(id=j, status='queued')]\n", "x.py") == []

@@ -61,6 +61,9 @@ class Job(Base):
     choices: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     # a cancel asked for while the job ran: the record a worker honours (Redis only signals)
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # when the retention task cleared the request body and result (text, choices, error
+    # detail; worker.store.crud.retention), keeping the accounting; None while stored
+    result_expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     # The listing (crud.jobs.list_jobs) walks (queued_at, id) with a keyset: no filter (the
     # operator's ``inflight jobs``) and each filter it takes have an index ending in those two
@@ -74,4 +77,7 @@ class Job(Base):
         Index(None, "tenant", "status", "queued_at", "id"),
         Index(None, "batch_id", "queued_at", "id"),
         Index(None, "worker_id", "first_step", "last_step"),
+        # retention (migration 0012): results due, then rows due
+        Index(None, "result_expired_at", "finished_at"),
+        Index(None, "finished_at"),
     )
