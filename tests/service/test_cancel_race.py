@@ -2,7 +2,8 @@
 hands back (running -> queued) while a cancel is being recorded must still never run. The
 cancel used to select queued jobs in one statement and running ones in the next; a job
 handed back in between matched neither and ran. Now one statement meets each open job
-once: the hand-back waits for it, and the job ends ``cancelled`` at its next start."""
+once: the hand-back waits for it, and the job ends ``cancelled`` when it is handed back
+(flagged) or at once (queued); a start after that never runs it."""
 
 from __future__ import annotations
 

@@ -43,6 +43,9 @@ WRITES: dict[str, tuple[Callable[[Session, str], object], tuple[Move, ...], bool
     "fail": (lambda s, j: job_status.fail_job(session=s, job_id=j, error="e"), (FAIL,), False),
     "hand back": (lambda s, j: job_status.requeue_jobs(session=s, job_ids=[j], worker_id="w"),
                   (HAND_BACK,), False),
+    "hand back, cancel recorded": (
+        lambda s, j: job_status.requeue_jobs(session=s, job_ids=[j], worker_id="w"),
+        (HAND_BACK,), True),
     "cancel": (lambda s, j: job_status.cancel_job(session=s, job_id=j),
                (CANCEL, RECORD_CANCEL), False),
     "cancel a batch": (lambda s, j: job_status.cancel_batch_jobs(session=s, batch_id="b"),
@@ -85,3 +88,5 @@ def test_each_write_moves_a_job_only_as_its_moves_allow(sf, name: str) -> None:
         assert any(after.status in m.targets for m in movers), (name, status, after.status)
         if RECORD_CANCEL in movers:
             assert after.cancel_requested_at is not None
+        if HAND_BACK in movers:  # queued again, unless its cancel was recorded: then ended
+            assert after.status == ("cancelled" if cancel_recorded else "queued"), after.status

@@ -85,8 +85,9 @@ CANCEL = _move("cancel", (C,), held=False)
 RECORD_CANCEL = _move("cancel of a held job", HELD, held=True)
 """A cancel of a job a worker holds is recorded (``cancel_requested_at``), its status kept;
 its worker ends it, or the next start after it was handed back."""
-HAND_BACK = _move("hand back", (Q,))
-"""A worker gives a job it will not finish back to the queue."""
+HAND_BACK = _move("hand back", (Q, C), held=True)
+"""A worker gives a job it will not finish back to the queue; one whose cancel was
+recorded ends cancelled instead."""
 
 MOVES: tuple[Move, ...] = (START, START_CANCELLED, FINISH, FAIL, CANCEL, RECORD_CANCEL, HAND_BACK)
 """Every move a status UPDATE makes (a job is created ``queued`` by its INSERT)."""

@@ -182,10 +182,13 @@ def fail_job(*, session: Session, job_id: str, error: str) -> bool:
 def requeue_jobs(
     *, session: Session, job_ids: Sequence[str], worker_id: str, uncount: bool = False
 ) -> int:
-    """Put jobs this worker started but will not finish back to queued. With ``uncount``
-    their start is not counted as an attempt (the worker, not the job, was at fault)."""
+    """Put jobs this worker started but will not finish back to queued; one whose cancel
+    was recorded ends ``cancelled`` instead (nobody else would end it before a worker
+    picked it up again). With ``uncount`` their start is not counted as an attempt (the
+    worker, not the job, was at fault)."""
     if not job_ids:
         return 0
+    cancelled = Job.cancel_requested_at.is_not(None)
     res = session.execute(
         update(Job)
         .where(
@@ -194,8 +197,10 @@ def requeue_jobs(
             Job.worker_id == worker_id,
         )
         .values(
-            status=JobStatus.QUEUED.value,
-            started_at=None,
+            status=case((cancelled, JobStatus.CANCELLED.value), else_=JobStatus.QUEUED.value),
+            started_at=case((cancelled, Job.started_at), else_=None),
+            finished_at=case((cancelled, utcnow()), else_=Job.finished_at),
+            finish_reason=case((cancelled, "abort"), else_=Job.finish_reason),
             **({"attempts": case((Job.attempts > 0, Job.attempts - 1), else_=0)} if uncount else {}),
         )
     )
