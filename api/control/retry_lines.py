@@ -20,7 +20,7 @@ from api.context import Context
 from api.control.batch_ids import line_of_job
 from api.errors import ApiError
 from worker.protocol.openai_batch import split_stored
-from worker.store.crud.batch_admin import batch_jobs_in_order, get_progress
+from worker.store.crud.batch_admin import batch_jobs_in_order, get_progress, job_count
 from worker.store.crud.files import get_file
 from worker.store.models import Batch, Job
 
@@ -52,6 +52,14 @@ def write_retry_file(ctx: Context, batch: Batch, tmp: Path) -> tuple[int, int]:
         lines_read, invalid = progress.lines_read or 0, progress.invalid_lines or 0
         f = get_file(session=session, file_id=batch.input_file_id or "", tenant=batch.tenant)
         input_path = f.path if f is not None else None
+        if job_count(session=session, batch_id=batch.id) < (batch.request_total or 0) - invalid:
+            raise ApiError(
+                409,
+                f"jobs of batch {batch.id!r} were deleted by retention "
+                "(INFLIGHT_JOB_RETENTION_DAYS), so its failed lines cannot be rebuilt",
+                code="jobs_expired",
+                param="batch_id",
+            )
     missing = ApiError(
         400,
         f"{invalid} lines of batch {batch.id!r} were invalid and its input file "

@@ -202,6 +202,17 @@ def test_retry_of_a_batch_whose_requests_expired_is_409(env: ApiEnv) -> None:
     assert r.json()["error"]["code"] == "request_expired"
 
 
+def test_retry_of_a_batch_whose_jobs_were_deleted_is_409(env: ApiEnv) -> None:
+    h = env.auth("t-jret-retry-gone")
+    batch_id = _open_batch(env, h, 2)
+    _finish(env, _batch_jobs(env, batch_id), days_ago=100, status="failed")
+    assert env.client.get(f"/v1/batches/{batch_id}", headers=h).json()["status"] == "completed"
+    assert _retention(env)["jobs_deleted"] >= 2
+    r = env.client.post(f"/v1/batches/{batch_id}/retry", headers=h)
+    assert r.status_code == 409, r.text
+    assert r.json()["error"]["code"] == "jobs_expired"
+
+
 def test_a_backlog_goes_in_chunks(make_env, monkeypatch) -> None:
     from api.control import maintenance
 

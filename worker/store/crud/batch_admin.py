@@ -58,6 +58,11 @@ def get_progress(*, session: Session, batch_id: str) -> BatchProgress:
     return row
 
 
+def job_count(*, session: Session, batch_id: str) -> int:
+    """How many job rows of the batch exist (retention deletes old ones)."""
+    return int(session.scalar(select(func.count()).where(Job.batch_id == batch_id)) or 0)
+
+
 def open_job_count(*, session: Session, batch_id: str) -> int:
     """How many of the batch's jobs are still queued or running."""
     stmt = select(func.count()).where(
