@@ -76,8 +76,8 @@ class Client:
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         # A request that may have reached the server is retried only when repeating it is
-        # harmless: idempotent methods, and POSTs carrying an Idempotency-Key (submit).
-        # Other POSTs (files, batches, batch cancel) are retried only on errors raised
+        # harmless: idempotent methods, and POSTs carrying an Idempotency-Key (submit,
+        # submit_batch). Other POSTs (files, batch cancel, retry) are retried only on errors raised
         # before anything was sent, and on 429; a timeout or 5xx after the server committed
         # would otherwise create a second batch or file.
         headers = kwargs.get("headers") or {}
@@ -192,8 +192,11 @@ class Client:
         endpoint: str = "/v1/chat/completions",
         completion_window: str = "24h",
         metadata: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
-        """Upload a JSONL file and create a batch from it; returns the batch object."""
+        """Upload a JSONL file and create a batch from it; returns the batch object. The
+        creation carries an Idempotency-Key (``idempotency_key``, else a fresh one), so a
+        retry after a timeout or a 5xx answers the batch already created, never a second."""
         f = self.upload(path)
         body: dict[str, Any] = {
             "input_file_id": f["id"],
@@ -202,7 +205,10 @@ class Client:
         }
         if metadata:
             body["metadata"] = metadata
-        return self._request("POST", "/v1/batches", json=body).json()
+        key = idempotency_key or uuid.uuid4().hex
+        return self._request(
+            "POST", "/v1/batches", json=body, headers={"Idempotency-Key": key}
+        ).json()
 
     def delete_file(self, file_id: str) -> dict[str, Any]:
         """Delete a file and its bytes (409 while an unfinished batch reads it). Retried

@@ -95,3 +95,29 @@ def test_non_idempotent_posts_are_not_replayed_once_sent(tmp_path) -> None:
 
     plan["POST /v1/jobs"] = [httpx.ReadTimeout, 500, 201]
     assert c.submit({"prompt": "hi"})["id"] == "x_1" and calls["POST /v1/jobs"] == 3
+
+
+def test_submit_batch_retries_its_creation_with_one_idempotency_key(tmp_path) -> None:
+    """The batch creation carries an Idempotency-Key, so a timeout or a 5xx after the
+    server may have committed is retried with the same key (the server answers the batch
+    already created); the upload before it is not replayed once sent."""
+    keys: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/files":
+            return httpx.Response(200, json={"id": "file_1"})
+        keys.append(request.headers["Idempotency-Key"])
+        if len(keys) == 1:
+            raise httpx.ReadTimeout("boom", request=request)
+        if len(keys) == 2:
+            return httpx.Response(502, json={"error": {"message": "bad gateway"}})
+        return httpx.Response(200, json={"id": "batch_1", "status": "validating"})
+
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"prompt": "p"}\n')
+    c = Client("http://x", api_key="k", backoff=0.001, transport=httpx.MockTransport(handler))
+    assert c.submit_batch(path)["id"] == "batch_1"
+    assert len(keys) == 3 and len(set(keys)) == 1
+    keys.clear()
+    c.submit_batch(path, idempotency_key="nightly-2026-12-01")
+    assert keys[-1] == "nightly-2026-12-01"
