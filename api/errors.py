@@ -77,6 +77,16 @@ def model_not_found(model_id: str) -> ApiError:
     )
 
 
+def idempotency_key_reused(key: str, *, param: str) -> ApiError:
+    """409: ``key`` already created something from a different request."""
+    return ApiError(
+        409,
+        f"idempotency key {key!r} was already used with a different request",
+        code="idempotency_key_reused",
+        param=param,
+    )
+
+
 def known_id(kind: str, object_id: str, *, param: str = "id") -> str:
     """``object_id`` when it could name a stored object (1-64 printable characters);
     else the 404 at once, before it reaches SQL."""

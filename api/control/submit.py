@@ -22,7 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from api.admission import admit_or_refuse
 from api.context import Context
 from api.control.destinations import DestinationRefused, resolve
-from api.errors import ApiError
+from api.errors import ApiError, idempotency_key_reused
 from api.limits import check_request_limits
 from api.quotas import check_job_quotas, check_queued_jobs
 from api.schemas import JobCreate
@@ -235,12 +235,7 @@ def _replayed(ctx: Context, tenant: str, key: str, digest: str) -> tuple[Job, Ap
     if meta is None or job is None:
         return None
     if meta.body_hash != digest:
-        raise ApiError(
-            409,
-            f"idempotency key {key!r} was already used with a different request",
-            code="idempotency_key_reused",
-            param="idempotency_key",
-        )
+        raise idempotency_key_reused(key, param="idempotency_key")
     return job, meta
 
 

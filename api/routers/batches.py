@@ -19,7 +19,7 @@ from api.control.celery_app import send
 from api.control.input_lines import count_lines
 from api.control.retry_lines import write_retry_file
 from api.deps import CtxDep, TenantDep
-from api.errors import ApiError, known_id, not_found
+from api.errors import ApiError, idempotency_key_reused, known_id, not_found
 from api.openapi_links import links_to
 from api.ownership import owned_batch
 from api.quotas import check_batch_quota, check_queued_jobs, check_storage_quota
@@ -93,12 +93,7 @@ def _replayed(ctx: Context, tenant: str, key: str, digest: str) -> Batch | None:
     if batch is None:
         return None
     if batch.request_digest != digest:
-        raise ApiError(
-            409,
-            f"idempotency key {key!r} was already used with a different request",
-            code="idempotency_key_reused",
-            param="Idempotency-Key",
-        )
+        raise idempotency_key_reused(key, param="Idempotency-Key")
     return batch
 
 
