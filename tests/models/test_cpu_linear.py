@@ -1,4 +1,5 @@
-"""oneDNN-prepacked linears: same output as ``nn.Linear``, and a bounded primitive cache."""
+"""Packed CPU linears (native panels and oneDNN): same output as ``nn.Linear``, a bounded
+oneDNN primitive cache, and the packer each dtype gets."""
 
 from __future__ import annotations
 
@@ -11,25 +12,44 @@ import torch
 from torch import nn
 
 from worker.engine.models.cpu_linear import (
+    LINEAR_ENV,
     PRIMITIVE_CACHE_CAPACITY,
     PRIMITIVE_CACHE_ENVS,
+    OneDnnMatmul,
     PackedLinear,
+    PanelMatmul,
     onednn_available,
     pack_linears,
+    packer_for,
 )
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="torch built without oneDNN")
 
 
-def test_packed_linears_match_nn_linear_at_every_row_count() -> None:
+@pytest.mark.parametrize("kind", ["native", "onednn"])
+def test_packed_linears_match_nn_linear_at_every_row_count(monkeypatch, kind: str) -> None:
+    monkeypatch.setenv(LINEAR_ENV, kind)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 96), nn.Sequential(nn.Linear(96, 32, bias=False)))
     x = torch.randn(37, 64)
     expected = model(x)
-    assert pack_linears(model) == 2
+    pack = packer_for(torch.float32)
+    assert pack is not None
+    assert pack_linears(model, pack) == 2
     assert isinstance(model[0], PackedLinear) and isinstance(model[1][0], PackedLinear)
+    assert isinstance(model[0].matmul, PanelMatmul if kind == "native" else OneDnnMatmul)
     for rows in (1, 5, 37):
         torch.testing.assert_close(model(x[:rows]), expected[:rows], rtol=1e-5, atol=1e-5)
+
+
+def test_fp32_gets_the_native_panels_and_bf16_onednn(monkeypatch) -> None:
+    monkeypatch.delenv(LINEAR_ENV, raising=False)
+    fp32 = packer_for(torch.float32)
+    assert fp32 is not None and isinstance(fp32(torch.randn(8, 4)), PanelMatmul)
+    assert packer_for(torch.bfloat16) is (OneDnnMatmul if onednn_available(torch.bfloat16) else None)
+    monkeypatch.setenv(LINEAR_ENV, "mkl")
+    with pytest.raises(ValueError, match=LINEAR_ENV):
+        packer_for(torch.float32)
 
 
 @pytest.mark.parametrize("name", PRIMITIVE_CACHE_ENVS)
@@ -37,11 +57,11 @@ def test_packing_caps_the_primitive_caches_unless_the_user_chose_a_size(monkeypa
                                                                         name: str) -> None:
     for each in PRIMITIVE_CACHE_ENVS:
         monkeypatch.delenv(each, raising=False)
-    pack_linears(nn.Linear(8, 8))
+    pack_linears(nn.Linear(8, 8), OneDnnMatmul)
     assert PRIMITIVE_CACHE_CAPACITY < 1024  # the libraries' own default
     assert int(os.environ[name]) == PRIMITIVE_CACHE_CAPACITY
     monkeypatch.setenv(name, "300")
-    pack_linears(nn.Linear(8, 8))
+    pack_linears(nn.Linear(8, 8), OneDnnMatmul)
     assert os.environ[name] == "300"
 
 
@@ -52,9 +72,9 @@ def _memory_growth_mib(env_caps: dict[str, str]) -> int:
         "import torch\n"
         "from torch import nn\n"
         "from cli.bench.machine import current_rss_bytes\n"
-        "from worker.engine.models.cpu_linear import pack_linears\n"
+        "from worker.engine.models.cpu_linear import OneDnnMatmul, pack_linears\n"
         "model = nn.Sequential(nn.Linear(576, 1536), nn.Linear(1536, 576))\n"
-        "pack_linears(model)\n"
+        "pack_linears(model, OneDnnMatmul)\n"
         "torch.set_num_threads(1)\n"
         "def run(lo, hi):\n"
         "    for rows in range(lo, hi):\n"

