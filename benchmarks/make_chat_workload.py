@@ -58,7 +58,12 @@ def output_lengths(count: int, seed: int = SEED) -> list[int]:
 def make_chat_workload(tokenizer, seed: int = SEED) -> list[BenchRequest]:
     """One request per user turn: system prompt + turn through the chat template."""
     turns = read_turns()
-    lengths = output_lengths(len(turns), seed)
+    return chat_requests(tokenizer, turns, output_lengths(len(turns), seed), "chat")
+
+
+def chat_requests(tokenizer, turns: list[str], lengths: list[int], name: str) -> list[BenchRequest]:
+    """One request per user turn, after the shared system prompt, through the chat
+    template with the generation prompt; ids ``<name>-000``, ``<name>-001``, ..."""
     requests = []
     for i, (turn, n_out) in enumerate(zip(turns, lengths, strict=True)):
         messages = [{"role": "system", "content": SYSTEM_PROMPT},
@@ -66,7 +71,7 @@ def make_chat_workload(tokenizer, seed: int = SEED) -> list[BenchRequest]:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer releases
             ids = ids["input_ids"]
-        requests.append(BenchRequest(f"chat-{i:03d}", [int(t) for t in ids], n_out))
+        requests.append(BenchRequest(f"{name}-{i:03d}", [int(t) for t in ids], n_out))
     return requests
 
 

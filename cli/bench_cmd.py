@@ -29,10 +29,23 @@ continuous-16 vs static-16, when both run; the plot needs matplotlib:
 pip install 'inflight[bench]')."""
 
 
-def _default_workload() -> str:
-    """The chat workload of a checkout of the repository (the benchmark's data and peer
-    scripts live in its ``benchmarks/``, not in the installed package)."""
-    return str(Path(__file__).resolve().parents[1] / "benchmarks" / "chat_workload.jsonl")
+BENCHMARKS_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+# Named workloads of a checkout of the repository (the benchmark's data and peer scripts
+# live in its ``benchmarks/``, not in the installed package), with their target over vLLM.
+WORKLOADS = {"chat": ("chat_workload.jsonl", 1.5), "long-tail": ("long_tail_workload.jsonl", 1.3)}
+
+
+def _workload_path(text: str) -> Path:
+    """A named workload's file, or the path given."""
+    return BENCHMARKS_DIR / WORKLOADS[text][0] if text in WORKLOADS else Path(text)
+
+
+def _over_vllm_target(path: Path) -> float:
+    """The workload's target over vLLM: its own for a named one, the chat's otherwise."""
+    for target_file, target in WORKLOADS.values():
+        if path == BENCHMARKS_DIR / target_file:
+            return target
+    return WORKLOADS["chat"][1]
 
 
 def _configs(text: str) -> list[str]:
@@ -58,10 +71,13 @@ def add_parser(subparsers: Any) -> None:
         description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m",
                         help="model spec, as for generate (default: %(default)s)")
-    parser.add_argument("--workload", default=_default_workload(), metavar="JSONL",
-                        help="requests {id, prompt_token_ids, max_tokens} (default: "
-                             "benchmarks/chat_workload.jsonl; benchmarks/heavy_tailed.jsonl "
-                             "is the older random-token workload)")
+    parser.add_argument("--workload", action="append", metavar="NAME|JSONL",
+                        help="requests {id, prompt_token_ids, max_tokens}: 'chat' "
+                             "(benchmarks/chat_workload.jsonl, the default), 'long-tail' "
+                             "(benchmarks/long_tail_workload.jsonl: 64 requests of 8-512 "
+                             "tokens) or a file (benchmarks/heavy_tailed.jsonl is the older "
+                             "random-token workload); repeat it to run several in one "
+                             "invocation, each into OUT_DIR/<its name>")
     parser.add_argument("--out-dir", default="benchmarks/results", metavar="DIR",
                         help="where bench.json and the PNG go (default: %(default)s)")
     parser.add_argument("--configs", type=_configs, default=list(_DEFAULT_CONFIGS),
@@ -70,6 +86,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--skip-hf", action="store_true", help="leave out the hf-16 run")
     parser.add_argument("--peer", choices=("vllm",), action="append", default=[],
                         help="also run this peer system in the same invocation")
+    parser.add_argument("--peer-search", action="store_true",
+                        help="run the peer at its best: try its preloads and batch settings "
+                             "one at a time from its defaults and keep the fastest (several "
+                             "peer runs per workload)")
     parser.add_argument("--peer-python", type=Path, metavar="PYTHON",
                         help="the peer environment's interpreter "
                              "(default: .peer/vllm-venv/bin/python)")
@@ -95,21 +115,34 @@ def run(args: argparse.Namespace) -> int:
     if not configs:
         print("inflight bench: error: no configuration left to run", file=sys.stderr)
         return 2
-    if not Path(args.workload).is_file():
-        print(f"inflight bench: error: workload {args.workload!r} does not exist (the "
-              "default is benchmarks/chat_workload.jsonl of a checkout of the repository; "
-              "pass --workload otherwise)", file=sys.stderr)
-        return 2
-    opts = BenchOptions(
-        model=args.model, workload=Path(args.workload), out_dir=Path(args.out_dir),
-        configs=configs, limit=args.limit, dtype=args.dtype, threads=args.threads,
-        num_kv_blocks=args.num_kv_blocks, peer_python=args.peer_python, command="inflight " + shlex.join(sys.argv[1:]))
+    workloads = [_workload_path(w) for w in args.workload or ["chat"]]
+    for path in workloads:
+        if not path.is_file():
+            print(f"inflight bench: error: workload {str(path)!r} does not exist (the named "
+                  "workloads are files of a checkout of the repository's benchmarks/; pass "
+                  "a file otherwise)", file=sys.stderr)
+            return 2
     say = (lambda _: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    try:
-        result = run_benchmark(opts, say=say)
-    except (ValueError, OSError, RuntimeError) as exc:
-        print(f"inflight bench: error: {exc}", file=sys.stderr)
-        return 1
-    print(format_report(result))
-    print(f"wrote {Path(args.out_dir) / 'bench.json'}", file=sys.stderr)
+    summary = []
+    for path in workloads:
+        out_dir = Path(args.out_dir) / path.stem if len(workloads) > 1 else Path(args.out_dir)
+        opts = BenchOptions(
+            model=args.model, workload=path, out_dir=out_dir, configs=configs,
+            limit=args.limit, dtype=args.dtype, threads=args.threads,
+            num_kv_blocks=args.num_kv_blocks, peer_python=args.peer_python,
+            peer_search=args.peer_search, over_vllm_target=_over_vllm_target(path),
+            command="inflight " + shlex.join(sys.argv[1:]))
+        say(f"== workload {path.name}")
+        try:
+            result = run_benchmark(opts, say=say)
+        except (ValueError, OSError, RuntimeError) as exc:
+            print(f"inflight bench: error: {exc}", file=sys.stderr)
+            return 1
+        print(f"== {path.name}\n{format_report(result)}")
+        print(f"wrote {out_dir / 'bench.json'}", file=sys.stderr)
+        vllm_ratio = result["ratios"].get("inflight / vllm")
+        if vllm_ratio is not None:
+            summary.append(f"{path.name}: inflight / vllm = {vllm_ratio:.3f}")
+    if len(summary) > 1:
+        print("\n".join(["== all workloads of this invocation", *summary]))
     return 0

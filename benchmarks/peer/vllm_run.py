@@ -5,7 +5,8 @@ Runs inside vLLM's own virtual environment (``benchmarks/peer/setup_vllm.sh``), 
 inflight. Only the standard library, vLLM and psutil are used here.
 
     .peer/vllm-venv/bin/python benchmarks/peer/vllm_run.py MODEL_DIR WORKLOAD.jsonl \
-        [--threads 2] [--limit N] [--max-num-seqs N] [--kv-cache-gib 4]
+        [--threads 2] [--limit N] [--max-num-seqs N] [--max-num-batched-tokens N]
+        [--prefix-caching on|off] [--kv-cache-gib 4]
 
 Every request is greedy with ``ignore_eos`` and its workload ``max_tokens``, given as token
 ids, exactly as inflight runs it. Load, compilation and a warm-up generation are excluded
@@ -32,6 +33,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="OpenMP threads (default: all cores)")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=None, help="default: vLLM's own")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: vLLM's own")
+    p.add_argument("--prefix-caching", choices=("on", "off"), default=None,
+                   help="default: vLLM's own (on)")
     p.add_argument("--kv-cache-gib", type=int, default=None,
                    help="VLLM_CPU_KVCACHE_SPACE (default: vLLM's own choice)")
     p.add_argument("--memory-fraction", type=float, default=0.5,
@@ -133,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = read_workload(args.workload, args.limit)
     with TreeRssSampler() as rss:
         t_load = time.perf_counter()
-        kwargs = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
+        kwargs: dict = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
+        if args.max_num_batched_tokens:
+            kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
+        if args.prefix_caching is not None:
+            kwargs["enable_prefix_caching"] = args.prefix_caching == "on"
         longest = max(len(r["prompt_token_ids"]) + r["max_tokens"] for r in rows)
         kwargs["max_model_len"] = args.max_model_len or -(-longest // 256) * 256
         llm = LLM(model=args.model_dir, dtype=args.dtype, seed=0,

@@ -72,6 +72,8 @@ class BenchOptions:
     threads: int | None = None
     num_kv_blocks: int | None = None  # None: enough for the whole workload at once
     peer_python: Path | None = None  # the vLLM environment's interpreter (None: default)
+    peer_search: bool = False  # try the peer's preloads and batch settings, keep its fastest
+    over_vllm_target: float = 1.5  # this workload's target for inflight / vllm
     command: str = ""
 
 
@@ -124,7 +126,7 @@ def run_benchmark(opts: BenchOptions, say: Callable[[str], None] = print) -> dic
 
     from cli.bench.engine_run import run_engine, warm_up
     from cli.bench.hf_run import load_hf_model, run_hf, warm_up_hf
-    from cli.bench.peer_run import DEFAULT_PEER_PYTHON, run_vllm
+    from cli.bench.peer_run import DEFAULT_PEER_PYTHON, PeerSettings, run_vllm, search_vllm
     from cli.bench.plot import MISSING_MATPLOTLIB, has_matplotlib, plot_occupancy
     from worker.engine.models.loader import resolve_checkpoint_dir
 
@@ -166,7 +168,8 @@ def run_benchmark(opts: BenchOptions, say: Callable[[str], None] = print) -> dic
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "model": opts.model, "dtype": opts.dtype, "machine": machine_description(),
             "workload": info, "definitions": DEFINITIONS, "runs": runs, "ratios": ratios,
-            "agreement_reference": exact, "targets": targets_of(runs, ratios),
+            "agreement_reference": exact,
+            "targets": targets_of(runs, ratios, opts.over_vllm_target),
             "complete": all(c in runs for c in opts.configs),
         }
         (out_dir / OUTPUT_JSON).write_text(json.dumps(result, indent=1) + "\n",
@@ -195,11 +198,18 @@ def run_benchmark(opts: BenchOptions, say: Callable[[str], None] = print) -> dic
         del engine
         gc.collect()
     if "vllm" in opts.configs:
-        say("running vllm (its own environment; load and compilation are not timed) ...")
-        runs["vllm"], tokens["vllm"] = run_vllm(
-            python=opts.peer_python or DEFAULT_PEER_PYTHON, model_dir=model_dir,
-            workload=Path(opts.workload), out_dir=out_dir, limit=opts.limit,
-            threads=opts.threads)
+        say("running vllm (its own environment; load and compilation are not timed)"
+            + (", searching its settings" if opts.peer_search else "") + " ...")
+
+        def run_peer(settings: PeerSettings) -> tuple[dict[str, Any], dict[str, list[int]]]:
+            return run_vllm(python=opts.peer_python or DEFAULT_PEER_PYTHON, model_dir=model_dir,
+                            workload=Path(opts.workload), out_dir=out_dir, limit=opts.limit,
+                            threads=opts.threads, settings=settings)
+
+        if opts.peer_search:
+            runs["vllm"], tokens["vllm"] = search_vllm(run_peer, say)
+        else:
+            runs["vllm"], tokens["vllm"] = run_peer(PeerSettings())
         say(f"  {runs['vllm']['useful_tokens_per_s']:.1f} tok/s in "
             f"{runs['vllm']['wall_seconds']:.1f}s")
         write()

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cli.bench.metrics import StepRecord, fcfs_steps, static_steps, summarize_steps
 from cli.bench.workload import DEFAULT_WORKLOAD, read_workload, static_utilization
 from cli.main import main
@@ -87,6 +89,52 @@ def test_bench_selected_configs_and_errors(tmp_path: Path) -> None:
     assert main(["bench", "--workload", str(tmp_path / "missing.jsonl")]) == 2
 
 
+def test_several_workloads_in_one_invocation(tmp_path: Path, capsys) -> None:
+    _small_workload(tmp_path / "w.jsonl")
+    status = main(["bench", "--model", "tiny-llama", "--limit", "3", "-q", "--configs",
+                   "continuous-16", "--workload", str(tmp_path / "w.jsonl"), "--workload",
+                   "long-tail", "--out-dir", str(tmp_path / "o")])
+    assert status == 0
+    first = json.loads((tmp_path / "o" / "w" / "bench.json").read_text())
+    second = json.loads((tmp_path / "o" / "long_tail_workload" / "bench.json").read_text())
+    assert first["workload"]["path"].endswith("w.jsonl")
+    assert second["workload"]["path"].endswith("long_tail_workload.jsonl")
+    out = capsys.readouterr().out
+    assert "== w.jsonl" in out and "== long_tail_workload.jsonl" in out
+
+
+def test_the_peer_search_keeps_each_faster_setting() -> None:
+    from cli.bench.peer_run import PeerSettings, search_vllm
+
+    def speed(s: PeerSettings) -> float:  # faster without iomp and at 128 sequences
+        return 100 + 10 * (s.preload == "tcmalloc") + 5 * (s.max_num_seqs == 128)
+
+    def run_one(s: PeerSettings):
+        if s.max_num_batched_tokens == 8192:
+            raise RuntimeError("refused")
+        return {"useful_tokens_per_s": speed(s)}, {"r": [s.max_num_seqs or 0]}
+
+    best, tokens = search_vllm(run_one, say=lambda _: None)
+    assert best["search"]["best"] == {"preload": "tcmalloc", "max_num_seqs": 128,
+                                      "max_num_batched_tokens": None, "prefix_caching": None}
+    assert best["useful_tokens_per_s"] == 115 and tokens == {"r": [128]}
+    tries = best["search"]["tries"]
+    assert len(tries) == 1 + 2 + 2 + 2 + 1 and sum("error" in t for t in tries) == 1
+
+
+def test_peer_preloads(tmp_path: Path) -> None:
+    from cli.bench.peer_run import preload_libraries
+
+    python = tmp_path / "venv" / "bin" / "python"
+    (tmp_path / "venv" / "lib").mkdir(parents=True)
+    (tmp_path / "venv" / "lib" / "libiomp5.so").touch()
+    assert preload_libraries(python, "none") == ""
+    assert preload_libraries(python, "tcmalloc+iomp").endswith("libiomp5.so")
+    assert "libiomp5" not in preload_libraries(python, "tcmalloc")
+    with pytest.raises(ValueError, match="preload"):
+        preload_libraries(python, "jemalloc")
+
+
 def test_without_the_peer_environment_vllm_is_a_clear_error(tmp_path: Path, capsys) -> None:
     _small_workload(tmp_path / "w.jsonl")
     status = main(["bench", "--model", "tiny-llama", "--limit", "2", "-q", "--configs",
@@ -132,6 +180,27 @@ def test_committed_chat_workload_matches_its_generator() -> None:
     assert all(8 <= r.max_tokens <= 512 for r in requests)
     system = tokenizer.decode(requests[0].prompt_token_ids)
     assert make_chat_workload.SYSTEM_PROMPT in system and turns[0] in system
+
+
+def test_committed_long_tail_workload_matches_its_generator() -> None:
+    from transformers import AutoTokenizer
+
+    from worker.engine.models.loader import resolve_checkpoint_dir
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import make_chat_workload
+        import make_long_tail_workload
+    finally:
+        sys.path.pop(0)
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_checkpoint_dir("smollm2-135m")))
+    requests = read_workload(REPO / "benchmarks" / "long_tail_workload.jsonl")
+    assert requests == make_long_tail_workload.make_long_tail_workload(tokenizer)
+    turns = make_chat_workload.read_turns(make_long_tail_workload.TURNS_PATH)
+    assert len(requests) == len(set(turns)) == 64
+    assert not set(turns) & set(make_chat_workload.read_turns())  # prompts of its own
+    outs = sorted(r.max_tokens for r in requests)
+    assert outs[0] == 8 and outs[-1] == 512 and len(set(outs)) >= 60  # widely spread
 
 
 def test_committed_workload_matches_its_generator() -> None:
