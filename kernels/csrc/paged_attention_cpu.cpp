@@ -21,7 +21,10 @@
 //   softcap c > 0 scores become c * tanh(score / c) after scaling, before masking (Gemma 2),
 //                 on whole vectors (vtanh in cpu_vec.h, about 2 ulp).
 //
-// One work item is (sequence, tile of up to kQueryTile query tokens), all heads: the tile's
+// One work item is (sequence, tile of up to kQueryTile query tokens, segment of up to
+// kChunkKeys keys of its context), all heads; a tile whose context spans several segments
+// is merged from their softmax states after the items ran (merge_partials), so a few long
+// sequences still keep every thread busy, and the cut never depends on the batch. The tile's
 // query vectors of a KV head (tokens x its query group) share every K/V row they read, and a
 // block's rows of all heads (contiguous in the cache) are read in one visit, so K/V are
 // pulled from memory once per tile. Scores are made kLanes keys at a time and reduced
@@ -59,10 +62,28 @@ constexpr int64_t kQueryTile = 8;
 constexpr int64_t kChunkKeys = 256;  // keys scored before one softmax update (whole blocks)
 constexpr int64_t kPrefetchBlocks = 2;  // how many block visits ahead the reads are asked for
 
+// A tile of a sequence's queries over one segment of its context: the blocks [block_begin,
+// block_end) that it may see (its window's first block and its last key bound them too).
+// A context longer than one segment (kChunkKeys keys, whole blocks, from block 0) is cut
+// into segments that are separate items, run in parallel, each leaving its softmax state
+// (running max, sum and unnormalised output) in slot `partial`; merge_partials then folds
+// them in segment order. The cut depends on the sequence alone, never on the batch beside
+// it, so a sequence's output is the same in any batch; and a batch of few long contexts
+// still keeps every thread busy.
 struct WorkItem {
   int64_t seq;
   int64_t tile_start;  // first query token of the tile, 0-based within the sequence's chunk
   int64_t tile_end;    // one past the last
+  int64_t block_begin = 0;
+  int64_t block_end = std::numeric_limits<int64_t>::max();
+  int64_t partial = -1;  // -1: the tile's whole context, written to the output
+};
+
+// Where the softmax state of a segment item goes: per query vector (in run_item's order)
+// its running max, its running sum and its head_dim unnormalised sums.
+struct Partials {
+  float* data = nullptr;
+  int64_t item_stride = 0;  // floats per item slot: kQueryTile * num_heads * (head_dim + 2)
 };
 
 // scores[v * stride + j] = q[v] . K[j] for the block's keys j < n_keys, kLanes keys at a time: each
@@ -241,7 +262,7 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
               const scalar_t* v_cache, const int64_t* block_tables, const int64_t* cu_q,
               const int64_t* context_lens, scalar_t* out, int64_t max_blocks,
               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-              const Options& opt) {
+              const Options& opt, const Partials& partials) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t group = num_heads / num_kv_heads;
   const int64_t q_start = cu_q[item.seq];
@@ -256,10 +277,12 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
   const int64_t block_bytes = block_stride * static_cast<int64_t>(sizeof(scalar_t));
   const int64_t padded = (block_size + kLanes - 1) / kLanes * kLanes;  // a block's scores, whole vectors
   const int64_t tile_last_key = first_pos + item.tile_end - 1;
-  const int64_t num_blocks = tile_last_key / block_size + 1;  // one past the last block read
+  // One past the last block read: the tile's last key's, or its segment's end.
+  const int64_t num_blocks = std::min(item.block_end, tile_last_key / block_size + 1);
   // The first block read: the one holding the tile's first query's window start (no block
-  // before it is read, nor its table entry).
-  const int64_t first_block = window_start(first_pos + item.tile_start, opt.window) / block_size;
+  // before it is read, nor its table entry), or its segment's first.
+  const int64_t first_block = std::max(
+      item.block_begin, window_start(first_pos + item.tile_start, opt.window) / block_size);
   const int64_t chunk_blocks = std::max<int64_t>(1, kChunkKeys / block_size);
   const int64_t width = std::min(chunk_blocks, num_blocks - first_block) * padded;  // scores per vector and chunk
 
@@ -336,6 +359,16 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
       }
     }
   }
+  if (item.partial >= 0) {  // a segment: its state, for merge_partials
+    float* state = partials.data + item.partial * partials.item_stride;
+    for (int64_t v = 0; v < nvec; ++v) {
+      float* dst = state + v * (head_dim + 2);
+      dst[0] = run_max[v];
+      dst[1] = run_sum[v];
+      std::copy(acc.data() + v * head_dim, acc.data() + (v + 1) * head_dim, dst + 2);
+    }
+    return;
+  }
   for (int64_t h = 0; h < num_kv_heads; ++h) {
     for (int64_t t = 0; t < tile_tokens; ++t) {
       const int64_t token = q_start + item.tile_start + t;
@@ -354,15 +387,20 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
 // length, so equal item counts would leave one thread waiting for the other at the end.
 // Returns parts + 1 bounds.
 std::vector<int64_t> split_by_work(const std::vector<WorkItem>& items, const int64_t* cu_q,
-                                   const int64_t* ctx, int64_t window, int64_t parts) {
+                                   const int64_t* ctx, int64_t window, int64_t block_size,
+                                   int64_t parts) {
   constexpr int64_t kItemCost = 64;  // setting up an item, in key-token units
   std::vector<int64_t> cost(items.size());
   int64_t total = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const WorkItem& it = items[i];
     const int64_t first_pos = ctx[it.seq] - (cu_q[it.seq + 1] - cu_q[it.seq]);
-    const int64_t keys = first_pos + it.tile_end - window_start(first_pos + it.tile_start, window);
-    cost[i] = (it.tile_end - it.tile_start) * keys + kItemCost;
+    const int64_t from = std::max(window_start(first_pos + it.tile_start, window),
+                                  it.block_begin * block_size);
+    const int64_t to = std::min(first_pos + it.tile_end,
+                                it.block_end == std::numeric_limits<int64_t>::max()
+                                    ? first_pos + it.tile_end : it.block_end * block_size);
+    cost[i] = (it.tile_end - it.tile_start) * std::max<int64_t>(0, to - from) + kItemCost;
     total += cost[i];
   }
   std::vector<int64_t> bounds{0};
@@ -376,18 +414,66 @@ std::vector<int64_t> split_by_work(const std::vector<WorkItem>& items, const int
   return bounds;
 }
 
+// A tile whose context was cut into segments: its first segment's partial slot and how
+// many there are (consecutive slots, in key order).
+struct Merge {
+  int64_t seq, tile_start, tile_end, first_partial, count;
+};
+
+// The output of every cut tile from its segments' states, folded in key order: the
+// largest running max M, then sum = sum_i sum_i * e^(max_i - M) and out = (sum_i acc_i *
+// e^(max_i - M)) / sum. A segment that saw no key (max -inf) adds nothing; every query
+// sees its own key, so one segment at least saw one.
+template <typename scalar_t>
+void merge_partials(const std::vector<Merge>& merges, const Partials& partials,
+                    const int64_t* cu_q, scalar_t* out, int64_t num_heads, int64_t num_kv_heads,
+                    int64_t head_dim) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int64_t group = num_heads / num_kv_heads;
+  at::parallel_for(0, static_cast<int64_t>(merges.size()), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(head_dim);
+    for (int64_t m = begin; m < end; ++m) {
+      const Merge& mg = merges[m];
+      const int64_t tile_tokens = mg.tile_end - mg.tile_start;
+      const int64_t per_head = tile_tokens * group;
+      for (int64_t v = 0; v < per_head * num_kv_heads; ++v) {
+        const int64_t h = v / per_head, t = (v % per_head) / group, g = v % group;
+        auto state = [&](int64_t i) {
+          return partials.data + (mg.first_partial + i) * partials.item_stride + v * (head_dim + 2);
+        };
+        float top = kNegInf;
+        for (int64_t i = 0; i < mg.count; ++i) top = std::max(top, state(i)[0]);
+        std::fill(acc.begin(), acc.end(), 0.f);
+        float sum = 0.f;
+        for (int64_t i = 0; i < mg.count; ++i) {
+          const float* st = state(i);
+          if (st[0] == kNegInf) continue;
+          const float w = std::exp(st[0] - top);
+          sum += st[1] * w;
+          for (int64_t d = 0; d < head_dim; ++d) acc[d] += st[2 + d] * w;
+        }
+        const int64_t token = cu_q[mg.seq] + mg.tile_start + t;
+        scalar_t* dst = out + (token * num_heads + h * group + g) * head_dim;
+        const float inv = 1.f / sum;
+        for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<scalar_t>(acc[d] * inv);
+      }
+    }
+  });
+}
+
 template <typename scalar_t, int D>
 void run_items(const std::vector<WorkItem>& items, const scalar_t* q, const scalar_t* k,
                const scalar_t* v, const int64_t* bt, const int64_t* cu_q, const int64_t* ctx,
                scalar_t* out, int64_t max_blocks, int64_t num_heads, int64_t num_kv_heads,
-               int64_t head_dim, int64_t block_size, const Options& opt) {
+               int64_t head_dim, int64_t block_size, const Options& opt,
+               const Partials& partials) {
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items.size()));
-  const std::vector<int64_t> bounds = split_by_work(items, cu_q, ctx, opt.window, parts);
+  const std::vector<int64_t> bounds = split_by_work(items, cu_q, ctx, opt.window, block_size, parts);
   at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
     for (int64_t part = begin; part < end; ++part) {
       for (int64_t i = bounds[part]; i < bounds[part + 1]; ++i) {
         run_item<scalar_t, D>(items[i], q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
-                              num_kv_heads, head_dim, block_size, opt);
+                              num_kv_heads, head_dim, block_size, opt, partials);
       }
     }
   });
@@ -399,17 +485,17 @@ template <typename scalar_t>
 void launch(const std::vector<WorkItem>& items, const scalar_t* q, const scalar_t* k,
             const scalar_t* v, const int64_t* bt, const int64_t* cu_q, const int64_t* ctx,
             scalar_t* out, int64_t max_blocks, int64_t num_heads, int64_t num_kv_heads,
-            int64_t head_dim, int64_t block_size, const Options& opt) {
+            int64_t head_dim, int64_t block_size, const Options& opt, const Partials& partials) {
   if (head_dim == 64) {
     return run_items<scalar_t, 64>(items, q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
-                                   num_kv_heads, head_dim, block_size, opt);
+                                   num_kv_heads, head_dim, block_size, opt, partials);
   }
   if (head_dim == 128) {
     return run_items<scalar_t, 128>(items, q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
-                                    num_kv_heads, head_dim, block_size, opt);
+                                    num_kv_heads, head_dim, block_size, opt, partials);
   }
   run_items<scalar_t, 0>(items, q, k, v, bt, cu_q, ctx, out, max_blocks, num_heads,
-                         num_kv_heads, head_dim, block_size, opt);
+                         num_kv_heads, head_dim, block_size, opt, partials);
 }
 
 }  // namespace
@@ -447,7 +533,12 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
   const int64_t* cu_q = cu_seqlens_q.data_ptr<int64_t>();
   const int64_t* ctx = context_lens.data_ptr<int64_t>();
 
+  // Segments of kChunkKeys keys (whole blocks) from block 0: a tile whose blocks span
+  // more than one is cut there (WorkItem).
+  const int64_t segment_blocks = std::max<int64_t>(1, kChunkKeys / block_size);
   std::vector<WorkItem> items;
+  std::vector<Merge> merges;
+  int64_t num_partials = 0;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = cu_q[s + 1] - cu_q[s];
     TORCH_CHECK(q_len >= 0 && cu_q[s] >= 0 && cu_q[s + 1] <= query.size(0),
@@ -455,9 +546,24 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
     TORCH_CHECK(q_len <= ctx[s], "paged_attention: more queries than context");
     TORCH_CHECK((ctx[s] + block_size - 1) / block_size <= max_blocks || q_len == 0,
                 "paged_attention: block table too short");
-    for (int64_t t0 = 0; t0 < q_len; t0 += kQueryTile) items.push_back({s, t0, std::min(q_len, t0 + kQueryTile)});
+    for (int64_t t0 = 0; t0 < q_len; t0 += kQueryTile) {
+      const int64_t t1 = std::min(q_len, t0 + kQueryTile);
+      const int64_t first_pos = ctx[s] - q_len;
+      const int64_t first_segment = window_start(first_pos + t0, window) / block_size / segment_blocks;
+      const int64_t last_segment = (first_pos + t1 - 1) / block_size / segment_blocks;
+      if (first_segment == last_segment) {
+        items.push_back({s, t0, t1});
+        continue;
+      }
+      merges.push_back({s, t0, t1, num_partials, last_segment - first_segment + 1});
+      for (int64_t seg = first_segment; seg <= last_segment; ++seg) {
+        items.push_back({s, t0, t1, seg * segment_blocks, (seg + 1) * segment_blocks, num_partials++});
+      }
+    }
   }
   auto out = torch::empty_like(query);  // [T, H, D]
+  std::vector<float> partial_states(num_partials * kQueryTile * num_heads * (head_dim + 2));
+  const Partials partials{partial_states.data(), kQueryTile * num_heads * (head_dim + 2)};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
     const scalar_t* q_ptr = query.data_ptr<scalar_t>();
     const scalar_t* k_ptr = k_cache.data_ptr<scalar_t>();
@@ -466,7 +572,8 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
     scalar_t* o_ptr = out.data_ptr<scalar_t>();
     const Options opt{static_cast<float>(scale), window, static_cast<float>(softcap)};
     launch<scalar_t>(items, q_ptr, k_ptr, v_ptr, bt_ptr, cu_q, ctx, o_ptr, max_blocks, num_heads,
-                     num_kv_heads, head_dim, block_size, opt);
+                     num_kv_heads, head_dim, block_size, opt, partials);
+    merge_partials<scalar_t>(merges, partials, cu_q, o_ptr, num_heads, num_kv_heads, head_dim);
   });
   return out;
 }

@@ -287,3 +287,47 @@ def test_vector_tanh_matches_torch() -> None:
     assert torch.equal(got[-4:], torch.tensor([1.0, -1.0, 1.0, -1.0]))
     torch.testing.assert_close(got.double(), want, atol=0, rtol=3e-7)
     assert torch.equal(ext.vector_tanh(x[:13].view(13, 1)).view(-1), got[:13])  # a partial vector
+
+
+# --- contexts cut into segments ---------------------------------------------------------
+
+# Around the segment boundary of 256 keys (block size 16; 252 with blocks of 12), and
+# contexts of several segments: each segment is a work item of its own, merged after.
+LONG_CONTEXTS = [255, 256, 257, 600, 1000]
+
+
+@pytest.mark.parametrize("block_size", [16, 12])
+@pytest.mark.parametrize("window", [0, 300, 40])
+def test_long_contexts_are_cut_into_segments_and_merged(block_size: int, window: int) -> None:
+    batch = make_paged_batch(LONG_CONTEXTS, block_size, 2, 64, seed=block_size + window)
+    dropped, _ = drop_blocks_before_window(batch, [1] * len(LONG_CONTEXTS), window)
+    query = scores_query(len(LONG_CONTEXTS), 6, 64, seed=window)
+    args = (query, dropped.k_cache, dropped.v_cache, dropped.block_tables, dropped.context_lens,
+            0.125, window, 0.0)
+    out = cpu_native.decode_attention(*args)
+    torch.testing.assert_close(out, reference.decode_attention(*args), atol=2e-6, rtol=2e-5)
+    for i in range(len(LONG_CONTEXTS)):
+        want = naive_attention(query[i : i + 1], batch.keys[i], batch.values[i], 0.125, window)
+        torch.testing.assert_close(out[i : i + 1].double(), want, atol=1e-5, rtol=1e-5)
+    # a prefill chunk whose tiles cross a segment boundary (prefix 240, 30 new tokens)
+    chunk = make_paged_batch([270], block_size, 2, 64, seed=5)
+    q = scores_query(30, 6, 64, seed=6)
+    got = cpu_native.prefill_attention(q, chunk.k_cache, chunk.v_cache, chunk.block_tables,
+                                       cu_seqlens([30]), chunk.context_lens, 0.125, window, 0.0)
+    want = naive_attention(q, chunk.keys[0], chunk.values[0], 0.125, window)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_sequence_gets_the_same_output_in_any_batch() -> None:
+    """Bitwise: the cut into segments depends on the sequence alone, not on how many
+    others share the call (so not on how many threads are idle)."""
+    lens = [600, 30, 1000, 257]
+    batch = make_paged_batch(lens, 16, 2, 64, seed=9)
+    query = scores_query(len(lens), 6, 64, seed=9)
+    together = cpu_native.decode_attention(query, batch.k_cache, batch.v_cache,
+                                           batch.block_tables, batch.context_lens, 0.125)
+    for i in range(len(lens)):
+        alone = cpu_native.decode_attention(query[i : i + 1], batch.k_cache, batch.v_cache,
+                                            batch.block_tables[i : i + 1],
+                                            batch.context_lens[i : i + 1], 0.125)
+        assert torch.equal(alone, together[i : i + 1])
