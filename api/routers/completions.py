@@ -141,7 +141,7 @@ async def _serve(
         ctx=ctx,
         job_id=done.job.id,
         is_chat=endpoint == CHAT_ENDPOINT,
-        model=str(body.get("model") or ctx.settings.model_name),
+        model=str(done.job.model),
         n=done.request.params.n,
         include_usage=include_usage,
         detach=detach,

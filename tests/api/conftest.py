@@ -89,6 +89,7 @@ def make_env(api_db_url: str, tmp_path: Path) -> Iterator[Callable[..., ApiEnv]]
             "storage_dir": str(tmp_path / f"files-{len(made)}"),
             "beat_interval": 0,
             "operator_key": OPERATOR_KEY,
+            "default_model": "tiny-llama",  # the model of tiny_worker
         }
         settings = Settings(**{**values, **overrides})
         ctx = make_context(settings)
@@ -102,8 +103,9 @@ def make_env(api_db_url: str, tmp_path: Path) -> Iterator[Callable[..., ApiEnv]]
     for client, ctx in made:
         client.__exit__(None, None, None)
         with contextlib.suppress(Exception):
-            for key in ctx.redis.scan_iter(match=f"{ctx.keys.prefix}:*", count=1000):
-                ctx.redis.delete(key)
+            from worker.queue.wipe import delete_deployment
+
+            delete_deployment(redis_client=ctx.redis, keys=ctx.keys)
         ctx.close()
 
 
