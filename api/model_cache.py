@@ -26,12 +26,12 @@ class ModelCache:
         self, sessions: sessionmaker[Session], *, live_s: float, recent_s: float,
         wanted: str | None = None,
     ) -> ModelsSeen:
-        """The models seen, read again when the copy is older than ``ttl_s`` or lacks
-        ``wanted``."""
+        """The models seen, read again when the copy is older than ``ttl_s``, lacks
+        ``wanted`` or (``wanted`` None) holds no model at all."""
         with self._lock:
             seen, at = self._seen, self._at
         fresh = seen is not None and time.monotonic() - at < self.ttl_s
-        if fresh and seen is not None and (wanted is None or wanted in seen.recent):
+        if fresh and seen is not None and (wanted in seen.recent if wanted else seen.recent):
             return seen
         with sessions() as session:
             seen = models_seen(session=session, live_within=timedelta(seconds=live_s),

@@ -28,9 +28,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--class", dest="queue_class", choices=("batch", "interactive"), default="batch")
     p.add_argument("--model", default=None,
                    help="the model of every line: a line naming none runs on it, a line naming "
-                   "another is refused. Without it each line runs on the model it names, or "
-                   "on the deployment's default model (INFLIGHT_DEFAULT_MODEL, else the one "
-                   "model the workers serve)")
+                   "another is refused; queued even while no worker serves it (a warning "
+                   "says so). Without it each line runs on the model it names, or on the "
+                   "deployment's default model (INFLIGHT_DEFAULT_MODEL, else the one model "
+                   "the workers serve)")
     p.add_argument("--tenant", default="default")
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--batch-id", default=None,
@@ -63,9 +64,8 @@ def run(args: argparse.Namespace) -> int:
     import redis
 
     from api.context import make_context
-    from api.control.models import resolve_model
+    from api.control.models import known_model
     from api.control.submit import LineError, Submission, new_job
-    from api.errors import ApiError
     from api.settings import Settings
     from worker.jobs.enqueue import NotPublished, enqueue
     from worker.protocol.limits import LimitError, check_tenant
@@ -83,13 +83,10 @@ def run(args: argparse.Namespace) -> int:
     ctx = make_context(Settings.from_env(
         database_url=args.database_url, redis_url=args.redis_url, prefix=args.prefix
     ))
-    if args.model is not None:
-        try:
-            resolve_model(ctx, args.model)  # no worker served it, nor is it declared
-        except ApiError as exc:
-            print(f"error: --model: {exc.message}", file=sys.stderr)
-            ctx.close()
-            return 2
+    if args.model is not None and not known_model(ctx, args.model):
+        print(f"warning: no worker served model {args.model!r} recently; its jobs wait for "
+              "one (a worker started with --model or --served-model-name naming it)",
+              file=sys.stderr)
     bad = 0
     total = 0
     pending: list[NewJob] = []

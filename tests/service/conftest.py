@@ -93,19 +93,6 @@ def redis_client(redis_available: None):
     client.close()
 
 
-@pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory):
-    """A three-node Redis Cluster on loopback made for this session (skipped, saying why,
-    where redis-server is not installed)."""
-    from tests.service.redis_cluster import local_cluster, missing_binaries
-
-    why = missing_binaries()
-    if why is not None:
-        pytest.skip(why)
-    with local_cluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
-        yield cluster
-
-
 @pytest.fixture(params=["single", "cluster"])
 def any_redis(request):
     """The URL of the test Redis (one server) and, as a second run, of the local cluster."""
