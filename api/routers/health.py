@@ -52,6 +52,7 @@ def metrics(*, request: Request, ctx: CtxDep, _operator: OperatorDep) -> PlainTe
     from worker.store.crud.workers import live_worker_ids
 
     lines = request.app.state.http_metrics.render()
+    models: list[str] = []
     try:
         with ctx.session_factory() as session:
             counts = count_by_status(session=session)
@@ -66,12 +67,13 @@ def metrics(*, request: Request, ctx: CtxDep, _operator: OperatorDep) -> PlainTe
         lines += gauge_lines(
             "inflight_workers_live", "Workers with a recent heartbeat.", [("", len(live))]
         )
+        models = known_models(ctx)
     except Exception:
         lines += gauge_lines("inflight_store_up", "Whether the SQL store answered.", [("", 0)])
     try:
         streams = [
             (model, queue_class, ctx.keys.for_model(model).stream(queue_class))
-            for model in known_models(ctx)
+            for model in models
             for queue_class in QUEUE_CLASSES
         ]
         pipe = ctx.redis.pipeline(transaction=False)
