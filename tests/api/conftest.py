@@ -153,9 +153,10 @@ TINY_ENGINE: dict[str, Any] = {"model": "tiny-llama", "max_num_seqs": 32, "num_k
 
 
 @contextlib.contextmanager
-def tiny_worker(env: ApiEnv, name: str, **engine: Any) -> Iterator[Any]:
-    """An in-process worker on the tiny model serving ``env``'s queues, stopped on exit;
-    ``engine`` overrides TINY_ENGINE's arguments."""
+def tiny_worker(env: ApiEnv, name: str, *, redis_url: str = REDIS_URL,
+                **engine: Any) -> Iterator[Any]:
+    """An in-process worker on the tiny model serving ``env``'s queues (on ``redis_url``),
+    stopped on exit; ``engine`` overrides TINY_ENGINE's arguments."""
     pytest.importorskip("torch")
     import threading
 
@@ -168,7 +169,7 @@ def tiny_worker(env: ApiEnv, name: str, **engine: Any) -> Iterator[Any]:
         return LLMEngine(EngineArgs(**{**TINY_ENGINE, **engine}))
 
     config = WorkerConfig(
-        database_url=env.settings.database_url, redis_url=REDIS_URL, model="tiny-llama",
+        database_url=env.settings.database_url, redis_url=redis_url, model="tiny-llama",
         prefix=env.ctx.keys.prefix, name=name, heartbeat_interval=0.3,
         cancel_poll_interval=0.05, reconcile_interval=3600,
     )

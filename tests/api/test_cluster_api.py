@@ -5,13 +5,19 @@ upload to output file, the model list and the queue metrics."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.api.conftest import OPERATOR_KEY, ApiEnv, batch_lines, jsonl, wait_expanded
+from tests.api.conftest import (
+    OPERATOR_KEY,
+    ApiEnv,
+    batch_lines,
+    jsonl,
+    tiny_worker,
+    wait_expanded,
+)
 
 pytestmark = pytest.mark.services
 
@@ -21,26 +27,10 @@ MESSAGES = [{"role": "user", "content": "Say hi"}]
 @pytest.fixture
 def cluster_env(make_env, redis_cluster) -> Iterator[ApiEnv]:
     """An API on the cluster and an in-process worker on the tiny model serving it."""
-    pytest.importorskip("torch")
-    from worker.engine import EngineArgs, LLMEngine
-    from worker.service.config import WorkerConfig
-    from worker.service.worker import WorkerProcess
-
     env: ApiEnv = make_env(redis_url=redis_cluster.url)
-    config = WorkerConfig(
-        database_url=env.settings.database_url, redis_url=redis_cluster.url,
-        model="tiny-llama", prefix=env.ctx.keys.prefix, name="cluster-api",
-        heartbeat_interval=0.3, cancel_poll_interval=0.05, reconcile_interval=3600,
-    )
-    w = WorkerProcess(config, install_signals=False, engine_factory=lambda _c: LLMEngine(
-        EngineArgs(model="tiny-llama", max_num_seqs=8, num_kv_blocks=128, max_model_len=512)))
-    t = threading.Thread(target=w.run, daemon=True)
-    t.start()
-    try:
+    with tiny_worker(env, "cluster-api", redis_url=redis_cluster.url, max_num_seqs=8,
+                     num_kv_blocks=128):
         yield env
-    finally:
-        w.stop()
-        t.join(60)
 
 
 def test_openai_routes_and_a_batch_through_a_cluster(cluster_env: ApiEnv) -> None:

@@ -66,6 +66,19 @@ def _cluster_parts(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     return nodes, options
 
 
+def _cluster_kwargs(url: str, node: Any, connect_timeout: float, timeout: float) -> dict[str, Any]:
+    """The arguments of a (sync or asyncio) ``RedisCluster`` for a cluster URL; ``node``
+    is its ``ClusterNode`` class."""
+    nodes, options = _cluster_parts(url)
+    return {
+        "startup_nodes": [node(h, p) for h, p in nodes],
+        "decode_responses": True,
+        "socket_connect_timeout": connect_timeout,
+        "socket_timeout": timeout,
+        **options,
+    }
+
+
 def make_redis(
     *, url: str, connect_timeout: float = 5, timeout: float = 30
 ) -> redis.Redis:
@@ -73,14 +86,7 @@ def make_redis(
     ``RedisCluster`` (typed as the ``redis.Redis`` whose commands it answers) for a cluster
     URL."""
     if is_cluster_url(url):
-        nodes, options = _cluster_parts(url)
-        cluster = RedisCluster(
-            startup_nodes=[ClusterNode(h, p) for h, p in nodes],
-            decode_responses=True,
-            socket_connect_timeout=connect_timeout,
-            socket_timeout=timeout,
-            **options,
-        )
+        cluster = RedisCluster(**_cluster_kwargs(url, ClusterNode, connect_timeout, timeout))
         return cast(redis.Redis, cluster)
     return redis.Redis.from_url(
         url,
@@ -94,15 +100,8 @@ def make_redis(
 def make_async_redis(*, url: str, connect_timeout: float = 5, timeout: float = 30) -> aioredis.Redis:
     """The asyncio client of :func:`make_redis` (an API process's blocking reads)."""
     if is_cluster_url(url):
-        nodes, options = _cluster_parts(url)
-        cluster = AsyncRedisCluster(
-            startup_nodes=[AsyncClusterNode(h, p) for h, p in nodes],
-            decode_responses=True,
-            socket_connect_timeout=connect_timeout,
-            socket_timeout=timeout,
-            **options,
-        )
-        return cast(aioredis.Redis, cluster)
+        kwargs = _cluster_kwargs(url, AsyncClusterNode, connect_timeout, timeout)
+        return cast(aioredis.Redis, AsyncRedisCluster(**kwargs))
     return aioredis.Redis.from_url(
         url, decode_responses=True, socket_connect_timeout=connect_timeout, socket_timeout=timeout
     )
