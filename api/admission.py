@@ -8,13 +8,14 @@ from api.errors import ApiError
 from worker.queue.admission import RETRY_AFTER_FULL_S, QueueRefused, admit
 
 
-def admit_or_refuse(ctx: Context, queue_class: str, offered: int = 1) -> None:
-    """Raise the 429/503 ApiError when ``queue_class`` cannot take ``offered`` jobs now
-    (a batch offers its lines: it is refused when they would pass the queue's bound)."""
+def admit_or_refuse(ctx: Context, queue_class: str, offered: int = 1, *, model: str) -> None:
+    """Raise the 429/503 ApiError when ``queue_class`` of ``model`` cannot take ``offered``
+    jobs now (a batch offers its lines: it is refused when they would pass the queue's
+    bound)."""
     try:
         got = admit(
             redis_client=ctx.redis,
-            keys=ctx.keys,
+            keys=ctx.keys.for_model(model),
             queue_class=queue_class,
             offered=offered,
             max_depth=ctx.settings.max_queue_depth,
@@ -24,7 +25,7 @@ def admit_or_refuse(ctx: Context, queue_class: str, offered: int = 1) -> None:
     if got.room < offered:
         raise refusal(
             QueueRefused(
-                f"the {queue_class} queue has room for {got.room} more entries, "
+                f"the {queue_class} queue of model {model!r} has room for {got.room} more entries, "
                 f"{offered} asked (bound {ctx.settings.max_queue_depth})",
                 full=True,
                 retry_after=RETRY_AFTER_FULL_S,

@@ -9,6 +9,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.grammar_check import GrammarChecker
+from api.model_cache import ModelCache
 from api.settings import Settings
 from api.storage import Storage
 from worker.engine.grammar_service import GrammarService
@@ -27,6 +28,7 @@ class Context:
     storage: Storage
     read_session_factory: sessionmaker[Session] | None = None
     grammar: GrammarChecker = field(default_factory=GrammarChecker)  # started on first use
+    models: ModelCache = field(default_factory=ModelCache)  # which models workers served
 
     @property
     def reads(self) -> sessionmaker[Session]:
@@ -58,7 +60,8 @@ def make_context(settings: Settings) -> Context:
         engine=engine,
         session_factory=make_session_factory(engine=engine),
         redis=make_redis(url=settings.redis_url),
-        keys=QueueKeys(prefix=settings.prefix),
+        # a model's keys are keys.for_model(model); with a default model, keys.model is it
+        keys=QueueKeys(prefix=settings.prefix, model=settings.default_model),
         storage=Storage(settings.storage_path),
         read_session_factory=make_session_factory(
             engine=engine.execution_options(isolation_level="AUTOCOMMIT")

@@ -67,11 +67,12 @@ def not_found(kind: str, object_id: str, *, param: str = "id") -> ApiError:
     return ApiError(404, f"No {kind} with id {_shown(object_id)!r}", code="not_found", param=param)
 
 
-def model_not_found(model_id: str) -> ApiError:
-    """The 404 for a model no live worker serves (OpenAI's code, ``model_not_found``)."""
+def model_not_found(model_id: str, hint: str = "") -> ApiError:
+    """The 404 for a model no live worker serves (OpenAI's code, ``model_not_found``);
+    ``hint`` ends the message."""
     return ApiError(
         404,
-        f"The model {_shown(model_id)!r} does not exist or no live worker serves it",
+        f"The model {_shown(model_id)!r} does not exist or no live worker serves it{hint}",
         code="model_not_found",
         param="model",
     )

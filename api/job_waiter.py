@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from api.context import Context
+from worker.queue.connection import make_async_redis
 from worker.store.crud.jobs import get_job
 from worker.store.models import Job
 
@@ -39,9 +40,7 @@ def async_redis(url: str) -> aioredis.Redis:
     per_loop = _clients.setdefault(get_running_loop(), {})
     client = per_loop.get(url)
     if client is None:
-        client = aioredis.Redis.from_url(
-            url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30
-        )
+        client = make_async_redis(url=url)
         per_loop[url] = client
     return client
 

@@ -107,3 +107,8 @@ def gauge_lines(name: str, help_text: str, samples: list[tuple[str, float]]) -> 
     for labels, value in samples:
         out.append(f"{name}{{{labels}}} {value}" if labels else f"{name} {value}")
     return out
+
+
+def label_value(text: str) -> str:
+    """``text`` escaped for a Prometheus label value (backslash, quote, newline)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

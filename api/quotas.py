@@ -59,7 +59,7 @@ def check_job_quotas(ctx: Context, tenant: str) -> None:
     if s.quota_jobs_per_minute:
         now = time.time()
         minute = int(now // 60)
-        key = f"{ctx.keys.prefix}:rate:{tenant}:{minute}"
+        key = ctx.keys.rate(tenant, minute)
         pipe = ctx.redis.pipeline(transaction=True)
         pipe.incr(key)
         pipe.expire(key, 120)

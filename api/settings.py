@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from worker.queue.connection import redis_url
+from worker.queue.connection import is_cluster_url, redis_url
 from worker.store.db import database_url
 
 
@@ -39,6 +39,19 @@ def _env_days(name: str, default: float | None) -> float | None:
     return None if days < 0 else days
 
 
+def _env_aliases(name: str) -> dict[str, str]:
+    """``NAME=MODEL`` pairs separated by commas (ValueError naming a pair without ``=``)."""
+    out: dict[str, str] = {}
+    for pair in (os.environ.get(name) or "").split(","):
+        if not pair.strip():
+            continue
+        alias, sep, model = pair.partition("=")
+        if not sep or not alias.strip() or not model.strip():
+            raise ValueError(f"{name}: {pair.strip()!r} is not NAME=MODEL")
+        out[alias.strip()] = model.strip()
+    return out
+
+
 @dataclass
 class Settings:
     """Everything that shapes one API process (sizes in bytes, times in seconds)."""
@@ -47,7 +60,17 @@ class Settings:
     redis_url: str = field(default_factory=lambda: redis_url())
     prefix: str = "inflight"  # Redis key prefix, shared with the workers
     storage_dir: str = "inflight-files"  # uploaded and generated files
-    model_name: str = "inflight"  # ``model`` in response bodies when the request names none
+    # Models (api.control.models): a request naming no model runs on ``default_model``
+    # (else on the one model the live workers serve); a request naming a model no worker
+    # served within ``model_recent`` seconds is a 404, unless it is declared in ``models``
+    # (or is the default), which queues it for a worker to come.
+    # ``model_aliases``: names clients send -> the model they run on ("*": any name no
+    # worker serves), for clients written against another service's model names.
+    default_model: str | None = None
+    models: tuple[str, ...] = ()
+    model_aliases: dict[str, str] = field(default_factory=dict)
+    model_recent: float = 3600.0
+    model_name: str = "inflight"  # ``model`` in answers of rows from before jobs had a model
     max_body_bytes: int = 1 << 20  # JSON request bodies
     max_file_bytes: int = 200 << 20  # uploads (OpenAI's limit)
     max_prompt_tokens: int = 32_768  # estimated; token-id prompts are counted exactly
@@ -103,6 +126,12 @@ class Settings:
             prefix=os.environ.get("INFLIGHT_PREFIX", "inflight"),
             storage_dir=os.environ.get("INFLIGHT_STORAGE_DIR", "inflight-files"),
             model_name=os.environ.get("INFLIGHT_MODEL_NAME", "inflight"),
+            default_model=os.environ.get("INFLIGHT_DEFAULT_MODEL") or None,
+            models=tuple(
+                m.strip() for m in os.environ.get("INFLIGHT_MODELS", "").split(",") if m.strip()
+            ),
+            model_aliases=_env_aliases("INFLIGHT_MODEL_ALIASES"),
+            model_recent=_env_float("INFLIGHT_MODEL_RECENT", 3600.0),
             max_body_bytes=_env_int("INFLIGHT_MAX_BODY_BYTES", 1 << 20),
             max_file_bytes=_env_int("INFLIGHT_MAX_FILE_BYTES", 200 << 20),
             max_prompt_tokens=_env_int("INFLIGHT_MAX_PROMPT_TOKENS", 32_768),
@@ -151,6 +180,11 @@ class Settings:
 
     def check(self) -> None:
         """Refuse settings that contradict each other (ValueError naming them)."""
+        if not self.celery_eager and not self.broker_url and is_cluster_url(self.redis_url):
+            raise ValueError(
+                "REDIS_URL names a Redis Cluster, which Celery cannot use as its broker: set "
+                "CELERY_BROKER_URL (a single Redis or another broker) for INFLIGHT_CELERY_EAGER=0"
+            )
         result, row = self.job_result_retention_days, self.job_retention_days
         if row is not None and (result is None or row < result):
             raise ValueError(
@@ -158,6 +192,20 @@ class Settings:
                 f"INFLIGHT_JOB_RESULT_RETENTION_DAYS ({'never' if result is None else result}): "
                 "a finished job's row cannot go before its result does"
             )
+
+    @property
+    def celery_broker(self) -> str:
+        """Celery's broker: CELERY_BROKER_URL, else REDIS_URL (an in-memory one for the
+        embedded, eager control plane when REDIS_URL is a cluster: nothing is sent)."""
+        if self.broker_url:
+            return self.broker_url
+        return "memory://" if is_cluster_url(self.redis_url) else self.redis_url
+
+    @property
+    def declared_models(self) -> frozenset[str]:
+        """The models requests may name while no worker serves them (queued for one)."""
+        default = {self.default_model} if self.default_model else set()
+        return frozenset(self.models) | default | set(self.model_aliases.values())
 
     @property
     def storage_path(self) -> Path:

@@ -41,13 +41,19 @@ def response_body(job: Job, *, model_name: str) -> dict[str, Any] | None:
     return build_response_body(
         is_chat=endpoint == CHAT_ENDPOINT,
         request_id=job.id,
-        model=body.get("model") or model_name,
+        model=job_model(job, body, model_name),
         choices=samples,
         prompt_tokens=job.prompt_tokens or 0,
         completion_tokens=job.completion_tokens or 0,
         created=epoch(job.finished_at) or 0,
         with_logprobs=any(c.logprobs is not None for c in samples),
     )
+
+
+def job_model(job: Job, body: dict[str, Any], model_name: str) -> str:
+    """The model a job ran on: its row's (every job since revision 0014), else, for an
+    older row, the model its request named, else ``model_name``."""
+    return job.model or str(body.get("model") or model_name)
 
 
 def usage(job: Job) -> dict[str, int] | None:
@@ -74,6 +80,7 @@ def job_view(
         "batch_id": job.batch_id,
         "priority": job.priority,
         "queue_class": job.queue_class,
+        "model": job_model(job, body, model_name),
         "created_at": epoch(job.queued_at),
         "timeline": {
             "queued_at": _epoch_f(job.queued_at),
@@ -138,6 +145,7 @@ def batch_view(batch: Batch, counts: dict[str, int] | None = None) -> dict[str, 
         "id": batch.id,
         "object": "batch",
         "endpoint": batch.endpoint,
+        "model": batch.model,
         "errors": ({"object": "list", "data": batch.errors} if batch.errors else None),
         "input_file_id": batch.input_file_id,
         "completion_window": batch.completion_window,

@@ -36,6 +36,8 @@ from worker.jobs.enqueue import enqueue  # noqa: E402
 from worker.queue.connection import make_redis  # noqa: E402
 from worker.queue.group import ensure_groups  # noqa: E402
 from worker.queue.keys import QueueKeys  # noqa: E402
+from worker.queue.wipe import delete_deployment  # noqa: E402
+from worker.service.model_info import model_id_for  # noqa: E402
 from worker.store.crud.jobs import count_by_status  # noqa: E402
 from worker.store.db import make_engine, make_session_factory  # noqa: E402
 from worker.store.models import Iteration, Job  # noqa: E402
@@ -64,7 +66,7 @@ def run_once(n: int, kills: int, steps: int, args: argparse.Namespace) -> dict[s
     with psycopg.connect(PG + "postgres", autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{db}"')
     url = PG + db
-    keys = QueueKeys(prefix=f"killbench-{uuid.uuid4().hex[:8]}")
+    keys = QueueKeys(prefix=f"killbench-{uuid.uuid4().hex[:8]}", model=model_id_for(args.model))
     redis_client = make_redis(url=REDIS)
     engine = make_engine(url=url)
     try:
@@ -113,8 +115,7 @@ def run_once(n: int, kills: int, steps: int, args: argparse.Namespace) -> dict[s
         return {"wall_s": wall, "last_mean_running": statistics.fmean(last),
                 "last_steps": len(last), "reran": reran}
     finally:
-        for key in redis_client.scan_iter(f"{keys.prefix}:*"):
-            redis_client.delete(key)
+        delete_deployment(redis_client=redis_client, keys=keys)
         engine.dispose()
         with psycopg.connect(PG + "postgres", autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')

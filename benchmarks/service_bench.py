@@ -27,6 +27,7 @@ from worker.jobs.enqueue import enqueue
 from worker.queue.connection import make_redis
 from worker.queue.group import ensure_groups
 from worker.queue.keys import QueueKeys
+from worker.queue.wipe import delete_deployment
 from worker.service.config import WorkerConfig
 from worker.service.worker import WorkerProcess
 from worker.store.crud.jobs import count_by_status
@@ -97,14 +98,13 @@ class Env:
         self.sf = make_session_factory(engine=self.db)
         self.redis_url = redis_url
         self.redis = make_redis(url=redis_url)
-        self.keys = QueueKeys(prefix=f"bench-{uuid.uuid4().hex[:8]}")
+        self.keys = QueueKeys(prefix=f"bench-{uuid.uuid4().hex[:8]}", model="bench-model")
         ensure_groups(redis_client=self.redis, keys=self.keys)
 
     def close(self) -> None:
         import psycopg
 
-        for k in self.redis.scan_iter(match=f"{self.keys.prefix}:*"):
-            self.redis.delete(k)
+        delete_deployment(redis_client=self.redis, keys=self.keys)
         self.db.dispose()
         with psycopg.connect(PG + "postgres", autocommit=True) as c:
             c.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
@@ -123,7 +123,7 @@ def run_worker(env: Env, engine: Any, n: int, **cfg: Any) -> tuple[float, dict]:
     this machine), which would charge the service for a cost it does not have.
     """
     config = WorkerConfig(database_url=env.url, redis_url=env.redis_url, prefix=env.keys.prefix,
-                          name=f"bench-{uuid.uuid4().hex[:6]}", reconcile_interval=3600, **cfg)
+                          served_model_name=env.keys.model, name=f"bench-{uuid.uuid4().hex[:6]}", reconcile_interval=3600, **cfg)
     worker = WorkerProcess(config, engine_factory=lambda c: engine, install_signals=False)
     finished_at: list[float] = []
     first_done: list[float] = []

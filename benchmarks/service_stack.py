@@ -149,7 +149,9 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 def _forget_keys(redis_url: str, prefix: str) -> None:
     import redis
 
+    from worker.queue.connection import make_redis
+    from worker.queue.keys import QueueKeys
+    from worker.queue.wipe import delete_deployment
+
     with contextlib.suppress(redis.RedisError):
-        client = redis.Redis.from_url(redis_url)
-        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-            client.delete(key)
+        delete_deployment(redis_client=make_redis(url=redis_url), keys=QueueKeys(prefix=prefix))

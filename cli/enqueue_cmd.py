@@ -26,6 +26,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("input", help="JSONL file ('-' for stdin)")
     p.add_argument("--class", dest="queue_class", choices=("batch", "interactive"), default="batch")
+    p.add_argument("--model", default=None,
+                   help="the model of every line: a line naming none runs on it, a line naming "
+                   "another is refused; queued even while no worker serves it (a warning "
+                   "says so). Without it each line runs on the model it names, or on the "
+                   "deployment's default model (INFLIGHT_DEFAULT_MODEL, else the one model "
+                   "the workers serve)")
     p.add_argument("--tenant", default="default")
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--batch-id", default=None,
@@ -58,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     import redis
 
     from api.context import make_context
+    from api.control.models import known_model
     from api.control.submit import LineError, Submission, new_job
     from api.settings import Settings
     from worker.jobs.enqueue import NotPublished, enqueue
@@ -76,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
     ctx = make_context(Settings.from_env(
         database_url=args.database_url, redis_url=args.redis_url, prefix=args.prefix
     ))
+    if args.model is not None and not known_model(ctx, args.model):
+        print(f"warning: no worker served model {args.model!r} recently; its jobs wait for "
+              "one (a worker started with --model or --served-model-name naming it)",
+              file=sys.stderr)
     bad = 0
     total = 0
     pending: list[NewJob] = []
@@ -89,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
 
     def flush() -> None:
         while pending:
-            part = pending[: admit_room(args, ctx.redis, ctx.keys, len(pending))]
+            model = str(pending[0].model)  # the leading run of jobs of one model
+            same = next((i for i, j in enumerate(pending) if j.model != model), len(pending))
+            part = pending[: admit_room(args, ctx.redis, ctx.keys.for_model(model), same)]
             try:
                 ids = enqueue(
                     session_factory=ctx.session_factory,
@@ -109,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         for number, line in _lines(stream):
             sub = Submission(tenant=args.tenant, request=line, line_no=number,
                              queue_class=args.queue_class, priority=args.priority,
-                             batch_id=args.batch_id)
+                             batch_id=args.batch_id, model=args.model)
             try:
                 pending.append(new_job(ctx, sub, seen).job)
             except LineError as exc:
@@ -143,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def admit_room(args: argparse.Namespace, client: Any, keys: Any, offered: int) -> int:
-    """How many of ``offered`` jobs the queue takes now; raises QueueRefused for none."""
+    """How many of ``offered`` jobs the queue of ``keys.model`` takes now; raises
+    QueueRefused for none."""
     from worker.queue.admission import admit
 
     return admit(

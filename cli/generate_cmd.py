@@ -4,6 +4,7 @@ Input lines are OpenAI Batch input lines or plain ``{"prompt": ...}`` / ``{"mess
 lines; output lines are in the OpenAI Batch output format, written as each request
 finishes. A bad line gets an error line and the run goes on. Rerunning the same command
 skips every custom_id already in the output file (lines without one are ``line-<n>``).
+Every line runs on ``--model`` whatever model it names; the answers name ``--model``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ Input lines: OpenAI Batch input lines {"custom_id", "method": "POST", "url":
 Output lines are in the OpenAI Batch output format, written as each request
 finishes. A bad line gets an error line and the run goes on. Rerunning the
 same command skips every custom_id already in OUTPUT (a line without a
-custom_id is known as line-<n>)."""
+custom_id is known as line-<n>). Every line runs on --model, whatever model
+it names (one run is one model, as a batch is); each answer's "model" names
+--model. The service routes by the line's model instead (inflight enqueue)."""
 
 
 def add_parser(subparsers: Any) -> None:

@@ -31,8 +31,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Per worker: status, heartbeat age, latest step, batch size (running "
         "sequences), waiting sequences, KV use, tokens/s, decode tokens/s and jobs/s over the "
         "last --window seconds, then running/waiting sequences per service class (INTER: "
-        "interactive, BATCH R/W: batch) (from the iterations and jobs tables). Per stream: length, "
-        "pending (delivered, not acked) and undelivered entries of the consumer group.",
+        "interactive, BATCH R/W: batch) (from the iterations and jobs tables). Per stream of each "
+        "model a worker served within the last hour: length, pending (delivered, not acked) and "
+        "undelivered entries of the consumer group.",
     )
     p.add_argument(
         "--interval", type=_positive_seconds, default=1.0, help="seconds between frames (1)"
@@ -83,12 +84,16 @@ def format_workers(workers: list[Any]) -> list[str]:
 
 
 def format_streams(depths: list[Any]) -> list[str]:
-    """The queue table of a frame."""
-    lines = [f"{'STREAM':40} {'LENGTH':>8} {'PENDING':>8} {'UNDELIVERED':>11} {'CONSUMERS':>9}"]
+    """The queue table of a frame: one row per stream of each model."""
+    lines = [f"{'MODEL':32} {'STREAM':11} {'LENGTH':>8} {'PENDING':>8} {'UNDELIVERED':>11} "
+             f"{'CONSUMERS':>9}"]
+    if not depths:
+        lines.append("  (no model served recently)")
     for d in depths:
         lag = f"~{d.lag}" if d.lag_estimated else _n(d.lag)
         lines.append(
-            f"{d.stream[:40]:40} {d.length:>8} {_n(d.pending):>8} {lag:>11} {_n(d.consumers):>9}"
+            f"{(d.model or '-')[:32]:32} {d.kind[:11]:11} {d.length:>8} {_n(d.pending):>8} "
+            f"{lag:>11} {_n(d.consumers):>9}"
         )
     if any(d.lag_estimated for d in depths):
         lines.append("  (~: Redis cannot tell the lag after deletions; length less pending)")
@@ -99,9 +104,7 @@ class _Sources:
     """The database and Redis connections a running ``top`` reuses between frames."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        import redis
-
-        from worker.queue.connection import redis_url
+        from worker.queue.connection import make_redis, redis_url
         from worker.queue.keys import QueueKeys
         from worker.store.db import database_url, make_engine, make_session_factory
 
@@ -110,9 +113,7 @@ class _Sources:
         self.session_factory = make_session_factory(engine=self.db)
         self.redis_url = redis_url(args.redis_url)
         # short timeouts: an unreachable Redis must not freeze the view
-        self.redis = redis.Redis.from_url(
-            self.redis_url, decode_responses=True, socket_connect_timeout=1, socket_timeout=2
-        )
+        self.redis = make_redis(url=self.redis_url, connect_timeout=1, timeout=2)
         self.keys = QueueKeys(prefix=args.prefix)
 
     def close(self) -> None:
@@ -121,8 +122,11 @@ class _Sources:
 
     def frame(self) -> str:
         """One frame of the view, as text."""
+        from datetime import timedelta
+
         from worker.queue.stream_stats import stream_stats
         from worker.store.base import utcnow
+        from worker.store.crud.served_models import models_seen
         from worker.store.crud.worker_activity import worker_activity
 
         args = self.args
@@ -143,7 +147,18 @@ class _Sources:
             lines.append(f"store: unreachable ({type(exc).__name__}: {_first_line(exc)})")
         lines.append("")
         try:
-            depths = stream_stats(redis_client=self.redis, keys=self.keys)
+            with self.session_factory() as s:
+                seen = models_seen(session=s, live_within=timedelta(seconds=args.worker_timeout),
+                                   recent_within=timedelta(hours=1), now=now)
+        except Exception:
+            seen = None  # the store's error is in the workers table's place already
+        try:
+            self.redis.ping()
+            depths = [
+                d
+                for model in sorted(seen.recent if seen else ())
+                for d in stream_stats(redis_client=self.redis, keys=self.keys.for_model(model))
+            ]
             lines += format_streams(depths)
         except Exception as exc:
             lines.append(f"redis: unreachable ({_display_url(self.redis_url)}: {_first_line(exc)})")
@@ -155,10 +170,10 @@ def _display_url(url: str) -> str:
     from urllib.parse import urlsplit, urlunsplit
 
     parts = urlsplit(url)
-    if parts.password is None:
+    auth, at, hosts = parts.netloc.rpartition("@")  # a cluster URL names several hosts
+    if not at or ":" not in auth:
         return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    netloc = f"{auth.partition(':')[0]}:***@{hosts}"
     return urlunsplit(parts._replace(netloc=netloc))
 
 

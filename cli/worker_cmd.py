@@ -32,6 +32,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--name", default=None, help="consumer name, stable across restarts (default: host name)"
     )
     p.add_argument("--prefix", default="inflight", help="Redis key prefix")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model id clients name in requests, the streams this worker reads "
+                   "and what GET /v1/models lists (default: the --model spec, or a local "
+                   "path's directory or file name)")
     p.add_argument("--migrate", action="store_true", help="run the migrations before starting")
     add_engine_flags(p)  # --model and every engine option, as for generate and bench
     q = p.add_argument_group("queue")
@@ -68,6 +72,7 @@ def config_from_args(args: argparse.Namespace):
         database_url=database_url(args.database_url),
         redis_url=redis_url(args.redis_url),
         model=args.model,
+        served_model_name=args.served_model_name or None,
         engine_kwargs=engine_kwargs_from(args),
         name=args.name,
         prefix=args.prefix,

@@ -20,6 +20,19 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    """A three-node Redis Cluster on loopback made for this session (skipped, saying why,
+    where redis-server is not installed); ``.url`` names it (``redis+cluster://``)."""
+    from tests.service.redis_cluster import local_cluster, missing_binaries
+
+    why = missing_binaries()
+    if why is not None:
+        pytest.skip(why)
+    with local_cluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+        yield cluster
+
+
 @functools.cache
 def checkpoint_dir(spec: str) -> str:
     """Local HF directory of ``spec`` (tiny models are built, GGUF converted, once)."""

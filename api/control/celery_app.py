@@ -36,7 +36,7 @@ BEAT_SCHEDULE: dict[str, float] = {
 
 def make_celery(settings: Settings, get_ctx: Callable[[], Context]) -> Celery:
     """A Celery app whose tasks run against the Context ``get_ctx()`` returns."""
-    app = Celery("inflight", broker=settings.broker_url or settings.redis_url)
+    app = Celery("inflight", broker=settings.celery_broker)
     app.conf.update(
         task_always_eager=settings.celery_eager,
         task_eager_propagates=False,

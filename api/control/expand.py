@@ -21,8 +21,10 @@ from sqlalchemy import select
 from api.context import Context
 from api.control.batch_ids import line_job_id
 from api.control.input_lines import capped_lines, count_lines
+from api.control.models import model_of_batch_file
 from api.control.staging import append_errors
 from api.control.submit import LineError, Submission, new_job
+from api.errors import ApiError
 from worker.jobs.cancel import cancel_queued_of_batch
 from worker.jobs.enqueue import JobWrite, NotPublished, enqueuing
 from worker.protocol.openai_batch import format_error_line
@@ -69,11 +71,12 @@ def expand_batch(ctx: Context, *, batch_id: str) -> str:
         start_after = get_progress(session=session, batch_id=batch_id).lines_read
         f = get_file(session=session, file_id=batch.input_file_id or "", tenant=batch.tenant)
         seen_ids = set(session.scalars(select(Job.custom_id).where(Job.batch_id == batch_id)))
-        reader = _Reader(ctx, batch_id, owner, batch.endpoint, batch.tenant, seen_ids)
+        reader = _Reader(ctx, batch_id, owner, batch.endpoint, batch.tenant, seen_ids,
+                         batch.model)
     try:
         if f is None:
             _fail(ctx, batch_id, "input_file_missing", "the input file no longer exists")
-        else:
+        elif reader.find_model(f.path):
             reader.read(f.path, start_after)
     finally:
         with contextlib.suppress(Exception), ctx.session_factory.begin() as session:
@@ -93,6 +96,18 @@ class _Reader:
     endpoint: str
     tenant: str
     seen_ids: set[str | None]
+    model: str | None  # every line runs on it (api.control.models)
+
+    def find_model(self, path: str) -> bool:
+        """The batch's model, found from its file for a batch from before revision 0014
+        (created without one); False when that fails the batch (no worker serves it)."""
+        if self.model is None:
+            try:
+                self.model = model_of_batch_file(self.ctx, path)
+            except ApiError as exc:
+                _fail(self.ctx, self.batch_id, exc.code or "model_not_found", exc.message)
+                return False
+        return True
 
     def read(self, path: str, start_after: int) -> None:
         """Read every line after ``start_after``; stop early when the batch failed, was
@@ -137,6 +152,7 @@ class _Reader:
                         endpoint=self.endpoint,
                         tenant=self.tenant,
                         seen_ids=self.seen_ids,
+                        model=self.model,
                     )
                 if len(chunk.jobs) + len(chunk.errors) >= settings.expand_chunk:
                     if not _commit_chunk(self.ctx, self.batch_id, chunk, owner=self.owner):
@@ -175,8 +191,10 @@ def _take_line(
     endpoint: str,
     tenant: str,
     seen_ids: set[str | None],
+    model: str | None,
 ) -> None:
-    """One line through the submission path: its job, or its error record."""
+    """One line through the submission path: its job (on the batch's ``model``), or its
+    error record."""
     chunk.last_line = line_no
     line = Submission(
         tenant=tenant,
@@ -186,6 +204,7 @@ def _take_line(
         queue_class="batch",
         batch_id=batch_id,
         job_id=line_job_id(batch_id, line_no),
+        model=model,
     )
     try:
         chunk.jobs.append(new_job(ctx, line, seen_ids).job)

@@ -44,7 +44,7 @@ def finalize_batch(ctx: Context, *, batch_id: str, expiring: bool = False) -> st
     time per batch: ``locked`` when another holds the lock; a finalizer that lost it
     (stalled past its lease) stops before it records anything."""
     lock = RenewableLock(
-        ctx.redis, f"{ctx.keys.prefix}:lock:finalize:{batch_id}", uuid.uuid4().hex, LOCK_TTL_S
+        ctx.redis, ctx.keys.finalize_lock(batch_id), uuid.uuid4().hex, LOCK_TTL_S
     )
     if not lock.take():
         return "locked"

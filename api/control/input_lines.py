@@ -1,13 +1,15 @@
 """Reading a batch input file line by line with bounded memory: a count of its lines
-(before anything is expanded) and the lines themselves, each cut at a byte limit.
+(before anything is expanded), the model its first request names, and the lines
+themselves, each cut at a byte limit.
 
 Lines are numbered as the expansion numbers them: every ``\\n`` ends one, a last line
 without one counts too, and blank lines count (they are skipped, not renumbered)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 _BLOCK = 1 << 20
 
@@ -33,6 +35,28 @@ def count_lines(path: str, *, stop_after: int | None = None) -> int:
             if raw is None or raw.strip():
                 last_request = line_no
     return last_request
+
+
+def first_line_model(path: str, *, max_bytes: int, scan_lines: int = 1000) -> str | None:
+    """The ``model`` the file's first request names: of the first line (within the first
+    ``scan_lines``) that is a JSON object, ``body.model`` in the OpenAI Batch shape, else
+    its own ``model``; None where that line names none (or no line is an object)."""
+    with open(path, "rb") as src:
+        for n, (raw, _) in enumerate(capped_lines(src, max_bytes=max_bytes)):
+            if n >= scan_lines:
+                return None
+            if raw is None or not raw.strip():
+                continue
+            try:
+                obj: Any = json.loads(raw)
+            except ValueError:
+                continue
+            if not isinstance(obj, dict):
+                continue
+            body = obj.get("body")
+            model = (body if isinstance(body, dict) else obj).get("model")
+            return model if isinstance(model, str) else None
+    return None
 
 
 def capped_lines(src: BinaryIO, *, max_bytes: int) -> Iterator[tuple[bytes | None, int]]:

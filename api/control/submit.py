@@ -22,6 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from api.admission import admit_or_refuse
 from api.context import Context
 from api.control.destinations import DestinationRefused, resolve
+from api.control.models import resolve_model
 from api.errors import ApiError, idempotency_key_reused
 from api.limits import check_request_limits
 from api.quotas import check_job_quotas, check_queued_jobs
@@ -53,7 +54,9 @@ class Submission:
     in it, ``line-<n>`` when its line names none; its id is ``job_id`` when the caller
     derives one, else keyed by (batch, custom_id). ``events`` (``worker.queue.job_events``:
     ``"end"`` or ``"deltas"``) asks the worker to announce the job's end, and its text
-    deltas, to a waiting API process."""
+    deltas, to a waiting API process. ``model``: the model of the batch (or ``inflight
+    enqueue --model`` run) the line belongs to: a line naming none runs on it, one naming
+    another is refused (``api.control.models``); None: each request's own model rules."""
 
     tenant: str
     request: dict[str, Any] | bytes
@@ -68,6 +71,7 @@ class Submission:
     key_header: str | None = None  # the Idempotency-Key header
     key_field: str | None = None  # the idempotency_key body field (the header wins)
     events: str | None = None
+    model: str | None = None
 
     @classmethod
     def of_job(cls, payload: JobCreate, *, tenant: str, key_header: str | None) -> Submission:
@@ -111,8 +115,9 @@ class LineError(Exception):
 
 
 def new_job(ctx: Context, sub: Submission, seen: set[str | None] | None = None) -> Checked:
-    """Parse and check one request and make its job (nothing is written). A body that
-    fails raises what the API answers (RequestParseError, LimitError: 400; ApiError: 400,
+    """Parse and check one request and make its job (nothing is written), on the model the
+    rules of ``api.control.models`` give it. A body that fails raises what the API answers
+    (RequestParseError, LimitError: 400; ApiError: 400, 404 for a model no worker serves,
     or 503 when every grammar helper stays busy); a line raises its :class:`LineError`.
     ``seen``: the custom_ids of the batch so far (the new one joins them)."""
     line = isinstance(sub.request, bytes)
@@ -124,6 +129,7 @@ def new_job(ctx: Context, sub: Submission, seen: set[str | None] | None = None) 
             raise
         raise LineError(str(exc), code=exc.code, param=exc.param, custom_id=exc.custom_id) from None
     try:
+        model = resolve_model(ctx, req.model, batch_model=sub.model)
         _check(ctx, sub, req)
     except ApiError as exc:
         if not line:
@@ -138,7 +144,7 @@ def new_job(ctx: Context, sub: Submission, seen: set[str | None] | None = None) 
     job_id = sub.job_id or (keyed_job_id(sub.batch_id, custom_id or "") if sub.batch_id
                             else new_job_id())
     job = NewJob(id=job_id, request=stored, tenant=sub.tenant, queue_class=sub.queue_class,
-                 priority=sub.priority, custom_id=custom_id, batch_id=sub.batch_id)
+                 model=model, priority=sub.priority, custom_id=custom_id, batch_id=sub.batch_id)
     return Checked(req, job)
 
 
@@ -250,7 +256,7 @@ def submit_job(ctx: Context, sub: Submission) -> Submitted:
     earlier = _replayed(ctx, job.tenant, key, digest) if key else None
     if earlier is not None:
         return Submitted(checked.request, *earlier, replayed=True)
-    admit_or_refuse(ctx, job.queue_class)  # 429/503 before anything is written or counted
+    admit_or_refuse(ctx, job.queue_class, model=str(job.model))  # 429/503 before any write
     check_job_quotas(ctx, job.tenant)  # 429 over the tenant's quotas
     try:
         with enqueuing(

@@ -17,6 +17,7 @@ from api.admission import admit_or_refuse
 from api.context import Context
 from api.control.celery_app import send
 from api.control.input_lines import count_lines
+from api.control.models import model_of_batch_file, resolve_model
 from api.control.retry_lines import write_retry_file
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, idempotency_key_reused, known_id, not_found
@@ -134,7 +135,10 @@ def create(
 ) -> Any:
     """Create a batch from an uploaded JSONL file. Answers ``validating`` at once; its lines
     become jobs in the background (resumed after a crash by the control plane's beat).
-    Before anything is written the file's lines are counted (streamed, nothing kept): more
+    The batch runs on one model, the one its first request names (the default model where
+    it names none; 404 ``model_not_found`` when no worker serves it); a later line naming
+    another fails alone (``model_mismatch``). Before anything is written the file's lines
+    are counted (streamed, nothing kept): more
     than ``max_batch_lines`` is a 400, and the lines count against the queue's bound and
     the tenant's queued-jobs quota like as many job submissions (429 with Retry-After).
     With an ``Idempotency-Key`` a repeat of the request answers the batch the first one
@@ -147,10 +151,11 @@ def create(
         earlier = _replayed(ctx, tenant, key, digest)
         if earlier is not None:
             return _replay(ctx, earlier)
-    admit_or_refuse(ctx, "batch")  # 429/503 before anything is written or counted
     known_id("file", payload.input_file_id, param="input_file_id")
     with ctx.session_factory() as session:
         path = _input_path(session, tenant, payload.input_file_id)
+    model = model_of_batch_file(ctx, path)  # 404/400 when no worker serves it
+    admit_or_refuse(ctx, "batch", model=model)  # 429/503 before anything is written or counted
     lines = count_lines(path, stop_after=ctx.settings.max_batch_lines)
     if lines > ctx.settings.max_batch_lines:
         raise ApiError(
@@ -160,7 +165,7 @@ def create(
             code="too_many_lines",
             param="input_file_id",
         )
-    admit_or_refuse(ctx, "batch", offered=lines)
+    admit_or_refuse(ctx, "batch", offered=lines, model=model)
     try:
         with ctx.session_factory.begin() as session:
             lock_tenant(session=session, tenant=tenant)  # DELETE /v1/files/{id} takes it too
@@ -174,6 +179,7 @@ def create(
                 session,
                 tenant,
                 endpoint=payload.endpoint,
+                model=model,
                 input_file_id=payload.input_file_id,
                 completion_window=payload.completion_window,
                 metadata=payload.metadata,
@@ -200,6 +206,7 @@ def _new_batch(
     tenant: str,
     *,
     endpoint: str,
+    model: str,
     input_file_id: str,
     completion_window: str,
     metadata: dict[str, str] | None,
@@ -223,6 +230,7 @@ def _new_batch(
     batch.expires_at = batch.created_at + timedelta(hours=int(completion_window[:-1]))
     batch.output_expires_after = output_expires_after
     batch.retry_of = retry_of
+    batch.model = model
     return batch.id
 
 
@@ -257,7 +265,9 @@ def retry(
             param="batch_id",
         )
     body = payload or BatchRetry.model_validate({})
-    admit_or_refuse(ctx, "batch")
+    model = resolve_model(ctx, old.model) if old.model else None  # 404: no worker serves it
+    if model is not None:
+        admit_or_refuse(ctx, "batch", model=model)
     file_id = new_file_id()
     tmp, path = ctx.storage.writer(tenant=tenant, file_id=file_id)
     try:
@@ -269,7 +279,8 @@ def retry(
                 code="nothing_to_retry",
                 param="batch_id",
             )
-        admit_or_refuse(ctx, "batch", offered=lines)
+        model = model or model_of_batch_file(ctx, str(tmp))  # a batch from before 0014
+        admit_or_refuse(ctx, "batch", offered=lines, model=model)
         tmp.replace(path)
         with ctx.session_factory.begin() as session:
             lock_tenant(session=session, tenant=tenant)
@@ -282,6 +293,7 @@ def retry(
                 session,
                 tenant,
                 endpoint=old.endpoint,
+                model=model,
                 input_file_id=file_id,
                 completion_window=body.completion_window or old.completion_window,
                 metadata=body.metadata if "metadata" in body.model_fields_set else old.metadata_,

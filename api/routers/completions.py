@@ -35,7 +35,7 @@ from api.control.submit import Submission, submit_job
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, error_response
 from api.job_waiter import Ended, Stopped, TextDelta, job_events, read_job
-from api.views import response_body, usage
+from api.views import job_model, response_body, usage
 from worker.jobs.cancel import request_cancel
 from worker.protocol.openai_batch import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
 from worker.queue.job_events import DELTAS, END
@@ -141,7 +141,7 @@ async def _serve(
         ctx=ctx,
         job_id=done.job.id,
         is_chat=endpoint == CHAT_ENDPOINT,
-        model=str(body.get("model") or ctx.settings.model_name),
+        model=job_model(done.job, body, ctx.settings.model_name),
         n=done.request.params.n,
         include_usage=include_usage,
         detach=detach,

@@ -8,8 +8,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from sqlalchemy import text
 
+from api.control.models import known_models
 from api.deps import CtxDep, OperatorDep
-from api.metrics import gauge_lines
+from api.metrics import gauge_lines, label_value
+from worker.queue.keys import QUEUE_CLASSES
 
 router = APIRouter(tags=["health"])
 
@@ -50,6 +52,7 @@ def metrics(*, request: Request, ctx: CtxDep, _operator: OperatorDep) -> PlainTe
     from worker.store.crud.workers import live_worker_ids
 
     lines = request.app.state.http_metrics.render()
+    models: list[str] = []
     try:
         with ctx.session_factory() as session:
             counts = count_by_status(session=session)
@@ -64,19 +67,25 @@ def metrics(*, request: Request, ctx: CtxDep, _operator: OperatorDep) -> PlainTe
         lines += gauge_lines(
             "inflight_workers_live", "Workers with a recent heartbeat.", [("", len(live))]
         )
+        models = known_models(ctx)
     except Exception:
         lines += gauge_lines("inflight_store_up", "Whether the SQL store answered.", [("", 0)])
     try:
+        streams = [
+            (model, queue_class, ctx.keys.for_model(model).stream(queue_class))
+            for model in models
+            for queue_class in QUEUE_CLASSES
+        ]
         pipe = ctx.redis.pipeline(transaction=False)
-        for stream in ctx.keys.streams:
+        for _model, _queue_class, stream in streams:
             pipe.xlen(stream)
         lengths = pipe.execute()
         lines += gauge_lines(
             "inflight_stream_length",
-            "Entries in each job stream.",
+            "Entries in each job stream (of each model served recently or declared).",
             [
-                (f'stream="{ctx.keys.class_of(s)}"', n)
-                for s, n in zip(ctx.keys.streams, lengths, strict=True)
+                (f'model="{label_value(m)}",stream="{c}"', n)
+                for (m, c, _s), n in zip(streams, lengths, strict=True)
             ],
         )
     except Exception:

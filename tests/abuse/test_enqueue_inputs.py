@@ -40,7 +40,7 @@ def test_enqueue_reports_each_bad_line_and_keeps_the_good(tmp_path, redis_client
     path = tmp_path / "in.jsonl"
     path.write_bytes(b"".join(line + b"\n" for line in lines))
     status = main(["enqueue", str(path), "--database-url", db, "--redis-url", REDIS_URL,
-                   "--prefix", keys.prefix])
+                   "--prefix", keys.prefix, "--model", keys.model])
     out, err = capsys.readouterr()
     assert status == 1
     assert len(out.split()) == len(good)

@@ -33,13 +33,15 @@ def suite_env(api_db_url: str, tmp_path_factory: pytest.TempPathFactory):
         max_prompt_tokens=MAX_PROMPT_TOKENS,
         max_tokens_limit=MAX_TOKENS_LIMIT,
         max_body_bytes=1 << 20,
+        default_model="tiny-llama",
     )
     ctx = make_context(settings)
     app = create_app(settings, ctx=ctx)
     with TestClient(app) as client:
         yield ApiEnv(client=client, ctx=ctx, app=app, settings=settings)
-    for key in ctx.redis.scan_iter(match="inflight-abuse-rest:*", count=1000):
-        ctx.redis.delete(key)
+    from worker.queue.wipe import delete_deployment
+
+    delete_deployment(redis_client=ctx.redis, keys=ctx.keys)
     ctx.close()
 
 

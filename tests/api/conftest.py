@@ -89,6 +89,7 @@ def make_env(api_db_url: str, tmp_path: Path) -> Iterator[Callable[..., ApiEnv]]
             "storage_dir": str(tmp_path / f"files-{len(made)}"),
             "beat_interval": 0,
             "operator_key": OPERATOR_KEY,
+            "default_model": "tiny-llama",  # the model of tiny_worker
         }
         settings = Settings(**{**values, **overrides})
         ctx = make_context(settings)
@@ -102,8 +103,9 @@ def make_env(api_db_url: str, tmp_path: Path) -> Iterator[Callable[..., ApiEnv]]
     for client, ctx in made:
         client.__exit__(None, None, None)
         with contextlib.suppress(Exception):
-            for key in ctx.redis.scan_iter(match=f"{ctx.keys.prefix}:*", count=1000):
-                ctx.redis.delete(key)
+            from worker.queue.wipe import delete_deployment
+
+            delete_deployment(redis_client=ctx.redis, keys=ctx.keys)
         ctx.close()
 
 
@@ -151,9 +153,10 @@ TINY_ENGINE: dict[str, Any] = {"model": "tiny-llama", "max_num_seqs": 32, "num_k
 
 
 @contextlib.contextmanager
-def tiny_worker(env: ApiEnv, name: str, **engine: Any) -> Iterator[Any]:
-    """An in-process worker on the tiny model serving ``env``'s queues, stopped on exit;
-    ``engine`` overrides TINY_ENGINE's arguments."""
+def tiny_worker(env: ApiEnv, name: str, *, redis_url: str = REDIS_URL,
+                **engine: Any) -> Iterator[Any]:
+    """An in-process worker on the tiny model serving ``env``'s queues (on ``redis_url``),
+    stopped on exit; ``engine`` overrides TINY_ENGINE's arguments."""
     pytest.importorskip("torch")
     import threading
 
@@ -166,7 +169,7 @@ def tiny_worker(env: ApiEnv, name: str, **engine: Any) -> Iterator[Any]:
         return LLMEngine(EngineArgs(**{**TINY_ENGINE, **engine}))
 
     config = WorkerConfig(
-        database_url=env.settings.database_url, redis_url=REDIS_URL, model="tiny-llama",
+        database_url=env.settings.database_url, redis_url=redis_url, model="tiny-llama",
         prefix=env.ctx.keys.prefix, name=name, heartbeat_interval=0.3,
         cancel_poll_interval=0.05, reconcile_interval=3600,
     )

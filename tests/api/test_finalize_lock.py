@@ -41,7 +41,7 @@ def test_a_finalizer_that_lost_its_lock_records_nothing(make_env, monkeypatch) -
 
     env = make_env()
     batch_id = _finished_batch(env, "t-fin-1", 3)
-    lock_key = f"{env.ctx.keys.prefix}:lock:finalize:{batch_id}"
+    lock_key = env.ctx.keys.finalize_lock(batch_id)
     real = finalize.batch_jobs_in_order
     renewals: list[int] = []
 

@@ -389,7 +389,7 @@ def test_health_metrics_workers(env: ApiEnv) -> None:
     c.post("/v1/jobs", json=CHAT, headers=env.auth("t-w"))
     text = c.get("/metrics", headers=operator).text
     assert 'inflight_http_requests_total{method="POST",route="/v1/jobs",status="201"} 1' in text
-    assert 'inflight_stream_length{stream="interactive"} 1' in text
+    assert 'inflight_stream_length{model="tiny-llama",stream="interactive"} 1' in text
     assert "inflight_jobs{" in text and "inflight_workers_live" in text
 
 

@@ -179,7 +179,7 @@ def test_refusals(make_env: Any) -> None:
     """No worker: what is refused before a job exists, and a wait that times out."""
     from api.serve_thread import ThreadedServer
 
-    env = make_env(completion_timeout=1.0, max_queue_depth=2)
+    env = make_env(completion_timeout=1.0, max_queue_depth=2, models=("m",))  # declared: queued
     key = env.key("t-openai-no")
     headers = {"Authorization": f"Bearer {key}"}
     with ThreadedServer(env.app) as url:

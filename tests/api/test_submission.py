@@ -21,7 +21,8 @@ def ctx() -> Iterator[Any]:
     from api.settings import Settings
 
     made = make_context(Settings(database_url="sqlite://", max_tokens_limit=100,
-                                 max_prompt_tokens=1000, grammar_check=False))
+                                 max_prompt_tokens=1000, grammar_check=False,
+                                 default_model="m"))  # no model lookup in the store
     yield made
     made.close()
 

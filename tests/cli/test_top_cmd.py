@@ -93,7 +93,7 @@ def test_top_once_shows_workers_and_queue_depths(db, capsys: pytest.CaptureFixtu
     from worker.queue.keys import QueueKeys
 
     url, _ = db
-    keys = QueueKeys(prefix=f"inflight-top-{uuid.uuid4().hex[:10]}")
+    keys = QueueKeys(prefix=f"inflight-top-{uuid.uuid4().hex[:10]}", model="tiny-llama")
     client = make_redis(url=REDIS_URL)
     try:
         ensure_groups(redis_client=client, keys=keys)
@@ -105,8 +105,9 @@ def test_top_once_shows_workers_and_queue_depths(db, capsys: pytest.CaptureFixtu
         assert main(["top", "--once", "--window", "60", "--database-url", url,
                      "--redis-url", REDIS_URL, "--prefix", keys.prefix]) == 0  # fmt: skip
     finally:
-        for key in client.scan_iter(match=f"{keys.prefix}:*"):
-            client.delete(key)
+        from worker.queue.wipe import delete_deployment
+
+        delete_deployment(redis_client=client, keys=keys)
         client.close()
     out = capsys.readouterr().out
     lines = out.splitlines()
@@ -117,10 +118,11 @@ def test_top_once_shows_workers_and_queue_depths(db, capsys: pytest.CaptureFixtu
     stale = next(line for line in lines if line.startswith("w-stale"))
     assert stale.split()[1] == "running?"
     assert not any(line.startswith("w-old") for line in lines)
-    row = next(line for line in lines if line.startswith(f"{keys.prefix}:jobs:interactive"))
-    assert row.split()[1:] == ["7", "2", "5", "1"]  # length, pending, undelivered, consumers
-    dead = next(line for line in lines if line.startswith(f"{keys.prefix}:jobs:dead"))
-    assert dead.split()[1:] == ["1", "-", "-", "-"]
+    # the streams of the model the workers served (w-top, w-stale and w-old: tiny-llama)
+    row = next(line for line in lines if line.split()[:2] == ["tiny-llama", "interactive"])
+    assert row.split()[2:] == ["7", "2", "5", "1"]  # length, pending, undelivered, consumers
+    dead = next(line for line in lines if line.split()[:2] == ["tiny-llama", "dead"])
+    assert dead.split()[2:] == ["1", "-", "-", "-"]
     assert "\x1b[" not in out  # --once prints plain text
 
 

@@ -63,7 +63,7 @@ def _enqueue(path: Path, *, db: str, redis_url: str, prefix: str, depth: int):
     return subprocess.run(
         [sys.executable, "-m", "cli", "enqueue", str(path), "--batch-id", "b-1",
          "--max-queue-depth", str(depth), "--database-url", db, "--redis-url", redis_url,
-         "--prefix", prefix],
+         "--prefix", prefix, "--model", "tiny-llama"],
         cwd=ROOT, env=os.environ.copy(), capture_output=True, text=True, timeout=120,
     )
 

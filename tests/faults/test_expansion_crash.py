@@ -79,6 +79,7 @@ def test_api_killed_mid_expansion_resumes_every_line_once(make_env, tmp_path: Pa
         "DATABASE_URL": s.database_url,
         "REDIS_URL": REDIS_URL,
         "INFLIGHT_PREFIX": s.prefix,
+        "INFLIGHT_DEFAULT_MODEL": str(s.default_model),
         "INFLIGHT_STORAGE_DIR": s.storage_dir,
         "INFLIGHT_EXPAND_CHUNK": "50",
         "INFLIGHT_EXPAND_LEASE": "2",
@@ -163,6 +164,7 @@ def test_celery_child_killed_mid_expansion_task_is_redelivered(make_env, tmp_pat
             "REDIS_URL": REDIS_URL,
             "CELERY_BROKER_URL": REDIS_URL,
             "INFLIGHT_PREFIX": s.prefix,
+            "INFLIGHT_DEFAULT_MODEL": str(s.default_model),
             "INFLIGHT_STORAGE_DIR": s.storage_dir,
             "INFLIGHT_EXPAND_CHUNK": "50",
             "INFLIGHT_EXPAND_LEASE": "6",  # outlives the new child's start: exercises the retry

@@ -61,7 +61,7 @@ def test_redis_restarted_without_its_data_mid_run(migrated_pg, session_factory, 
     server = _redis_server(port, tmp_path)
     url = f"redis://127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url, decode_responses=True)
-    keys = QueueKeys(prefix="restart")
+    keys = QueueKeys(prefix="restart", model="tiny-llama")
     long_job = NewJob(request={"url": "/v1/completions", "body": {
         "prompt": "a long one", "max_tokens": LONG, "ignore_eos": True, "temperature": 0}})
     (long_id,) = enqueue(session_factory=session_factory, redis_client=client, keys=keys,
@@ -140,7 +140,8 @@ def test_redis_restarted_while_a_batch_expands(migrated_pg, tmp_path) -> None:
     server = _redis_server(port, tmp_path)
     url = f"redis://127.0.0.1:{port}/0"
     settings = Settings(database_url=migrated_pg, redis_url=url, prefix="restart-batch",
-                        storage_dir=str(tmp_path / "files"), beat_interval=0, expand_chunk=25)
+                        storage_dir=str(tmp_path / "files"), beat_interval=0, expand_chunk=25,
+                        default_model="tiny-llama")
     ctx = make_context(settings)
     with ctx.session_factory.begin() as s:
         _, key = create_api_key(session=s, tenant="t-restart")
@@ -196,7 +197,7 @@ def test_a_worker_started_while_redis_is_down_waits_for_it(
     is waited out: the worker takes its name and its groups once Redis is back."""
     port = _free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    keys = QueueKeys(prefix="late-redis")
+    keys = QueueKeys(prefix="late-redis", model="tiny-llama")
     log = tmp_path / "w.log"
     worker = start_worker(db_url=migrated_pg, redis_url=url, prefix=keys.prefix, name="late",
                           log_path=log)

@@ -93,19 +93,33 @@ def redis_client(redis_available: None):
     client.close()
 
 
+@pytest.fixture(params=["single", "cluster"])
+def any_redis(request):
+    """The URL of the test Redis (one server) and, as a second run, of the local cluster."""
+    if request.param == "single":
+        request.getfixturevalue("redis_available")
+        return REDIS_URL
+    return request.getfixturevalue("redis_cluster").url
+
+
+TEST_MODEL = "tiny-llama"  # the model of the workers these tests start
+
+
 @pytest.fixture
 def keys(redis_client) -> Iterator[object]:
-    """Queue keys under a unique prefix; every key under it is deleted afterwards."""
+    """Queue keys of ``TEST_MODEL`` under a unique prefix; every key under it is deleted
+    afterwards."""
     from worker.queue.keys import QueueKeys
 
-    k = QueueKeys(prefix=f"inflight-test-{uuid.uuid4().hex[:10]}")
+    k = QueueKeys(prefix=f"inflight-test-{uuid.uuid4().hex[:10]}", model=TEST_MODEL)
     yield k
     delete_prefix(redis_client, k.prefix)
 
 
 def delete_prefix(client, prefix: str) -> int:
-    """Delete every key under ``prefix`` (what a FLUSHDB does to this test's keys)."""
-    n = 0
-    for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-        n += client.delete(key)
-    return n
+    """Delete every key under ``prefix``, of every model (what a FLUSHDB does to this
+    test's keys)."""
+    from worker.queue.keys import QueueKeys
+    from worker.queue.wipe import delete_deployment
+
+    return delete_deployment(redis_client=client, keys=QueueKeys(prefix=prefix))

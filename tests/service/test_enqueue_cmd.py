@@ -26,7 +26,7 @@ def test_enqueue_takes_n_above_one_and_refuses_bad_lines_alone(tmp_path, redis_c
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     status = main(["enqueue", str(path), "--database-url", db, "--redis-url", REDIS_URL,
-                   "--prefix", keys.prefix])
+                   "--prefix", keys.prefix, "--model", keys.model])
     out, err = capsys.readouterr()
     assert status == 1
     assert len(out.split()) == 3  # three job ids: n=2 is queued like any other line
@@ -58,7 +58,7 @@ def test_enqueue_refuses_what_the_api_refuses(tmp_path, redis_client, keys, caps
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     status = main(["enqueue", str(path), "--batch-id", "b-1", "--database-url", db,
-                   "--redis-url", REDIS_URL, "--prefix", keys.prefix])
+                   "--redis-url", REDIS_URL, "--prefix", keys.prefix, "--model", keys.model])
     _, err = capsys.readouterr()
     assert status == 1
     assert [line for line in err.splitlines() if line.startswith("error: ")] == [

@@ -75,3 +75,44 @@ def test_listing_indexes_replace_their_prefixes_and_come_back(
     assert "ix_jobs_tenant_status" not in after and "ix_jobs_batch_id" not in after
     downgrade(url=url, revision="0006")
     assert _job_indexes(url) == before
+
+
+@pytest.mark.services
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_0014_gives_older_jobs_the_model_that_ran_them(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    """A job that ran takes its worker's model; an open job that never ran takes the model
+    of the latest worker (any could have run it before models were routed); the rest stay
+    NULL. Down and up again."""
+    from sqlalchemy import text
+
+    url = request.getfixturevalue("sqlite_url" if backend == "sqlite" else "pg_url")
+    upgrade(url=url, revision="0013")
+    engine = make_engine(url=url)
+    worker = ("INSERT INTO workers (id, host, model, model_id, started_at, heartbeat_at, status)"
+              " VALUES (:id, 'h', :spec, :mid, :at, :at, 'stopped')")
+    job = ("INSERT INTO jobs (id, tenant, queue_class, status, priority, request, queued_at, "
+           "attempts, worker_id) VALUES (:id, 't', 'batch', :status, 0, '{}', "
+           "'2026-01-01 00:00:00', 0, :worker)")
+    with engine.begin() as conn:
+        conn.execute(text(worker), [
+            {"id": "w-1", "spec": "spec-a", "mid": "model-a", "at": "2026-01-01 00:00:00"},
+            {"id": "w-2", "spec": "spec-b", "mid": None, "at": "2026-01-02 00:00:00"}])
+        conn.execute(text(job), [
+            {"id": "ran", "status": "succeeded", "worker": "w-1"},
+            {"id": "running", "status": "running", "worker": "w-2"},
+            {"id": "queued", "status": "queued", "worker": None},
+            {"id": "cancelled", "status": "cancelled", "worker": None}])
+    engine.dispose()
+    upgrade(url=url)
+    engine = make_engine(url=url)
+    with engine.connect() as conn:
+        models = dict(conn.execute(text("SELECT id, model FROM jobs")).all())
+        batch_model = inspect(conn).get_columns("batches")
+    engine.dispose()
+    assert models == {"ran": "model-a", "running": "spec-b", "queued": "spec-b",
+                      "cancelled": None}
+    assert "model" in {c["name"] for c in batch_model}
+    downgrade(url=url, revision="0013")
+    upgrade(url=url)

@@ -1,4 +1,6 @@
-"""Queue behaviour against the real Redis (and PostgreSQL for the SQL side)."""
+"""Queue behaviour against the real Redis (and PostgreSQL for the SQL side), each test run
+twice: on one Redis server, and on a three-node Redis Cluster made by the test session
+(every script, transaction and multi-key command must keep to one hash slot there)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,16 @@ from worker.store.crud.jobs import get_job
 from worker.store.schemas import JobResult, NewJob
 
 pytestmark = pytest.mark.services
+
+
+@pytest.fixture
+def redis_client(any_redis: str):
+    """A client on one server, then on the cluster (this module's tests run on both)."""
+    from worker.queue.connection import make_redis
+
+    client = make_redis(url=any_redis)
+    yield client
+    client.close()
 
 
 def _new(n: int, cls: str = "batch") -> list[NewJob]:

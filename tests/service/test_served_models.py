@@ -12,7 +12,7 @@ import pytest
 
 from cli.main import main
 from tests.service.conftest import REDIS_URL
-from tests.service.helpers import wait_for, worker_thread
+from tests.service.helpers import prompt_jobs, wait_for, worker_thread
 from worker.service.config import WorkerConfig
 from worker.service.model_info import describe_engine, model_id_for
 from worker.service.worker import default_engine_factory
@@ -67,6 +67,41 @@ def test_a_real_worker_publishes_its_model_info(migrated_pg, session_factory, re
         ]
     with session_factory() as s:  # stopped: no longer served
         assert served_models(session=s, within=LIVE) == []
+
+
+@pytest.mark.services
+def test_a_worker_serves_the_name_it_is_given_and_only_its_models_streams(
+    migrated_pg, session_factory, redis_client, keys
+) -> None:
+    """``--served-model-name``: the id it registers and the streams it reads; jobs of
+    another model stay in that model's stream."""
+    from worker.jobs.enqueue import enqueue
+    from worker.store.crud.jobs import get_job
+
+    config = WorkerConfig(
+        database_url=migrated_pg, redis_url=REDIS_URL, model="tiny-llama", prefix=keys.prefix,
+        served_model_name="gpt-4o-mini", name="named", heartbeat_interval=0.3,
+        reconcile_interval=3600,
+        engine_kwargs={"max_num_seqs": 4, "num_kv_blocks": 32, "max_model_len": 256,
+                       "attention_backend": "torch", "num_threads": 1},
+    )  # fmt: skip
+    mine = enqueue(session_factory=session_factory, redis_client=redis_client,
+                   keys=keys.for_model("gpt-4o-mini"), jobs=prompt_jobs(2))
+    other = enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys,
+                    jobs=prompt_jobs(1, tag="other"))  # tiny-llama's: no worker serves it
+
+    def status(job_id: str) -> str:
+        with session_factory() as s:
+            return get_job(session=s, job_id=job_id).status
+
+    with worker_thread(config, default_engine_factory):
+        wait_for(lambda: all(status(j) not in ("queued", "running") for j in mine),
+                 timeout=180, what="the worker's own model's jobs")
+        assert [status(j) for j in mine] == ["succeeded"] * 2
+        with session_factory() as s:
+            assert [m.id for m in served_models(session=s, within=LIVE)] == ["gpt-4o-mini"]
+    assert status(other[0]) == "queued"
+    assert redis_client.xlen(keys.stream("batch")) == 1
 
 
 def _seed(session_factory) -> None:

@@ -73,6 +73,7 @@ class JobWrite:
                 batch_id=j.batch_id,
                 custom_id=j.custom_id,
                 queue_class=j.queue_class,
+                model=j.model,
                 status=JobStatus.QUEUED.value,
                 priority=j.priority,
                 request=j.request,
@@ -95,14 +96,19 @@ def enqueuing(
     skip_existing: bool = False,
 ) -> Iterator[JobWrite]:
     """Open one transaction for ``jobs``; on a clean exit commit it, then publish the jobs
-    the body inserted (raises :class:`NotPublished` if Redis refuses). An exception in the
-    body rolls everything back and publishes nothing.
+    the body inserted, each to the streams of its model (raises :class:`NotPublished` if
+    Redis refuses). An exception in the body rolls everything back and publishes nothing.
+    A job without a model takes ``keys.model`` (ValueError, before anything is written,
+    when that names none either).
 
     Each job gets its id now (``job.id`` when set) and, with tracing on, an
     ``inflight.enqueue`` span (child of ``traceparent`` or of the current span) whose
     context its message carries."""
     for job in jobs:
-        keys.stream(job.queue_class)  # validate before writing anything
+        job.model = job.model or keys.model
+        if not job.model:
+            raise ValueError("a job names no model, and neither do the queue keys")
+        keys.for_model(job.model).stream(job.queue_class)  # validate before any write
         job.id = job.id or new_job_id()  # known before the commit, for the spans
     spans = [EnqueuedJob(j.id, j.queue_class, j.tenant, j.priority) for j in jobs]
     with enqueue_spans(spans, traceparent=traceparent) as traceparents:
@@ -110,26 +116,24 @@ def enqueuing(
             write = JobWrite(session, jobs, skip_existing)
             yield write
         fresh = set(write.inserted)
-        messages = [
-            (
-                job.queue_class,
-                JobMessage(
+        by_model: dict[str, list[tuple[str, JobMessage]]] = {}
+        for job in jobs:
+            if job.id in fresh:
+                message = JobMessage(
                     job_id=job.id,
                     body=job.request,
                     tenant=job.tenant,
                     priority=job.priority,
                     traceparent=traceparents.get(job.id),
-                ),
-            )
-            for job in jobs
-            if job.id in fresh
-        ]
+                )
+                by_model.setdefault(str(job.model), []).append((job.queue_class, message))
         try:
-            publish(redis_client=redis_client, keys=keys, messages=messages)
+            for model, messages in by_model.items():
+                publish(redis_client=redis_client, keys=keys.for_model(model), messages=messages)
         except redis.RedisError as exc:
             log.warning(
-                "committed %d jobs but could not publish them; the reconciler will: %s",
-                len(messages),
+                "committed %d jobs but could not publish them all; the reconciler will: %s",
+                len(fresh),
                 exc,
             )
             raise NotPublished(write.inserted, exc) from exc

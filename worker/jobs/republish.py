@@ -1,4 +1,5 @@
-"""Re-publishing: open jobs that SQL holds but no stream entry carries are published again.
+"""Re-publishing: open jobs that SQL holds but no stream entry carries are published again,
+each to the streams of its model (``jobs.model``).
 
 That happens when Redis restarted without persistence (or was flushed), or when a
 producer's publish failed after its commit (:class:`worker.jobs.enqueue.NotPublished`).
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import redis
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,6 +26,7 @@ from worker.queue.lock import RenewableLock
 from worker.queue.message import JobMessage
 from worker.queue.producer import publish
 from worker.store.base import utcnow
+from worker.store.crud.job_status import assign_model
 from worker.store.crud.jobs import open_job_heads, open_jobs_with_ids
 from worker.store.crud.workers import live_worker_ids
 
@@ -40,59 +42,88 @@ def reconcile(
     worker_timeout: timedelta = timedelta(seconds=60),
     lock_ttl_s: int = 60,
 ) -> list[str]:
-    """Re-publish open jobs (queued before now - ``grace``) absent from every stream and
-    not held by a live worker. Returns the re-published job ids ([] if another reconciler
-    holds the lock)."""
+    """Re-publish open jobs (queued before now - ``grace``) absent from their model's
+    streams and not held by a live worker, each to its model's streams. A job without a
+    model (a row from before revision 0014 no worker had run) is given ``keys.model`` (a
+    worker's own model, the API's default model) and left alone where that names none.
+    Returns the re-published job ids ([] if another reconciler holds the lock)."""
     token = uuid.uuid4().hex
     lock = RenewableLock(redis_client, keys.reconcile_lock, token, lock_ttl_s)
     if not lock.take():
         return []
     try:
-        ensure_groups(redis_client=redis_client, keys=keys)
-        cutoff = utcnow() - grace
-        candidates: list[str] = []
-        with session_factory() as session:
-            live = live_worker_ids(session=session, within=worker_timeout)
-            after = ""
-            while True:
-                heads = open_job_heads(session=session, queued_before=cutoff, after_id=after)
-                candidates += [
-                    job_id
-                    for job_id, status, worker in heads
-                    if not (status == "running" and worker in live)
-                ]
-                if len(heads) < 10_000:
-                    break
-                after = heads[-1][0]
-                lock.renew()
-        if not candidates:
-            return []
-        lock.renew()
-        rebuilt = ensure_index(redis_client=redis_client, keys=keys)
-        if rebuilt:
-            log.info("carried-jobs index built from the streams: %d entries", rebuilt)
-        present = carried_among(redis_client=redis_client, keys=keys, job_ids=candidates)
-        absent = [j for j in candidates if j not in present]
-        if not absent:
-            return []
-        lock.renew()
-        with session_factory() as session:  # bodies of the absent only; drop those ended
-            missing = open_jobs_with_ids(session=session, job_ids=absent)
-        msgs = [
-            (
-                j.queue_class,
-                JobMessage(
-                    job_id=j.id,
-                    body=j.request,
-                    tenant=j.tenant,
-                    priority=j.priority,
-                    attempt=j.attempts,
-                ),
-            )
-            for j in missing
-        ]
-        publish(redis_client=redis_client, keys=keys, messages=msgs)
-        log.warning("reconciler re-published %d jobs absent from Redis", len(msgs))
-        return [j.id for j in missing]
+        by_model = _candidates(session_factory, keys, lock, utcnow() - grace, worker_timeout)
+        out: list[str] = []
+        for model, job_ids in sorted(by_model.items()):
+            lock.renew()
+            out += _republish_absent(session_factory, redis_client, keys.for_model(model), job_ids)
+        return out
     finally:
         lock.release()
+
+
+def _candidates(
+    session_factory: sessionmaker[Session],
+    keys: QueueKeys,
+    lock: RenewableLock,
+    cutoff: datetime,
+    worker_timeout: timedelta,
+) -> dict[str, list[str]]:
+    """The open jobs queued before ``cutoff`` that no live worker runs, by model."""
+    by_model: dict[str, list[str]] = {}
+    unassigned: list[str] = []
+    with session_factory() as session:
+        live = live_worker_ids(session=session, within=worker_timeout)
+        after = ""
+        while True:
+            heads = open_job_heads(session=session, queued_before=cutoff, after_id=after)
+            for h in heads:
+                if h.status == "running" and h.worker_id in live:
+                    continue
+                if h.model:
+                    by_model.setdefault(h.model, []).append(h.id)
+                else:
+                    unassigned.append(h.id)
+            if len(heads) < 10_000:
+                break
+            after = heads[-1].id
+            lock.renew()
+    if unassigned and keys.model:
+        with session_factory.begin() as session:
+            adopted = assign_model(session=session, job_ids=unassigned, model=keys.model)
+        log.warning("%d open jobs without a model were given model %r", len(adopted), keys.model)
+        by_model.setdefault(keys.model, []).extend(adopted)
+    return by_model
+
+
+def _republish_absent(
+    session_factory: sessionmaker[Session],
+    redis_client: redis.Redis,
+    keys: QueueKeys,
+    candidates: list[str],
+) -> list[str]:
+    """Publish those of ``candidates`` (jobs of ``keys.model``) its carried index does not
+    name (built from the model's streams first, where it is not ready)."""
+    ensure_groups(redis_client=redis_client, keys=keys)
+    rebuilt = ensure_index(redis_client=redis_client, keys=keys)
+    if rebuilt:
+        log.info("carried-jobs index of %r built from the streams: %d entries", keys.model, rebuilt)
+    present = carried_among(redis_client=redis_client, keys=keys, job_ids=candidates)
+    absent = [j for j in candidates if j not in present]
+    if not absent:
+        return []
+    with session_factory() as session:  # bodies of the absent only; drop those ended
+        missing = open_jobs_with_ids(session=session, job_ids=absent)
+    msgs = [
+        (
+            j.queue_class,
+            JobMessage(
+                job_id=j.id, body=j.request, tenant=j.tenant, priority=j.priority,
+                attempt=j.attempts,
+            ),
+        )
+        for j in missing
+    ]
+    publish(redis_client=redis_client, keys=keys, messages=msgs)
+    log.warning("reconciler re-published %d jobs of %r absent from Redis", len(msgs), keys.model)
+    return [j.id for j in missing]

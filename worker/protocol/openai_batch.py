@@ -81,14 +81,15 @@ _SAMPLING_FIELDS = frozenset({
     "skip_special_tokens", "logit_bias", "prompt_logprobs",
 })
 # Accepted and kept with the stored request: ``metadata`` and ``user`` are validated and
-# returned on the job object; ``model`` names the response; ``stream`` must be false.
-_IGNORED_FIELDS = frozenset({"model", "user", "stream", "metadata"})
+# returned on the job object; ``model`` picks the model the job runs on (the submission
+# path's rules, api.control.models; GenerationRequest.model); ``stream`` must be false.
+_KEPT_FIELDS = frozenset({"model", "user", "stream", "metadata"})
 _CHAT_ONLY = frozenset({"messages", "max_completion_tokens", "top_logprobs"})
 _COMPLETIONS_ONLY = frozenset({"prompt"})
 # STRUCTURED_FIELDS (response_format, guided_regex, guided_choice): on both endpoints
 _ALLOWED = {
-    CHAT_ENDPOINT: _SAMPLING_FIELDS | _IGNORED_FIELDS | _CHAT_ONLY | STRUCTURED_FIELDS,
-    COMPLETIONS_ENDPOINT: _SAMPLING_FIELDS | _IGNORED_FIELDS | _COMPLETIONS_ONLY | STRUCTURED_FIELDS,
+    CHAT_ENDPOINT: _SAMPLING_FIELDS | _KEPT_FIELDS | _CHAT_ONLY | STRUCTURED_FIELDS,
+    COMPLETIONS_ENDPOINT: _SAMPLING_FIELDS | _KEPT_FIELDS | _COMPLETIONS_ONLY | STRUCTURED_FIELDS,
 }
 # OpenAI fields this service refuses, and what to ask instead
 _UNSUPPORTED = {

@@ -54,12 +54,13 @@ class Admission:
 def admit(
     *, redis_client: redis.Redis, keys: QueueKeys, queue_class: str, offered: int, max_depth: int
 ) -> Admission:
-    """Admit up to ``offered`` jobs to ``queue_class``'s stream (``max_depth`` 0: no bound);
-    raises QueueRefused when none can go in now."""
+    """Admit up to ``offered`` jobs to ``queue_class``'s stream of ``keys.model``
+    (``max_depth`` 0: no bound); raises QueueRefused when none can go in now. The probe is in
+    the stream's hash slot, so on a cluster it asks the node that would take the XADD."""
     stream = keys.stream(queue_class)
     try:
         pipe = cast(Any, redis_client).pipeline(transaction=False)
-        pipe.set(f"{keys.prefix}:admission-probe", "1", px=5000)
+        pipe.set(keys.admission_probe, "1", px=5000)
         pipe.xlen(stream)
         _, depth = pipe.execute()
     except redis.RedisError as exc:
@@ -69,7 +70,8 @@ def admit(
     room = max_depth - int(depth)
     if room <= 0 and offered > 0:
         raise QueueRefused(
-            f"the {queue_class} queue holds {depth} entries, at its bound of {max_depth}",
+            f"the {queue_class} queue of model {keys.model!r} holds {depth} entries, at its "
+            f"bound of {max_depth}",
             full=True,
             retry_after=RETRY_AFTER_FULL_S,
         )

@@ -40,8 +40,9 @@ return #old
 
 
 def flagged_at_key(keys: QueueKeys) -> str:
-    """The sorted set of when each cancel marker was set (its expiry's clock)."""
-    return f"{keys.cancels}:at"
+    """The sorted set of when each cancel marker was set (its expiry's clock), in the hash
+    slot of the set (both are changed by one script)."""
+    return keys.cancels_at
 
 
 def flag_cancel(

@@ -1,6 +1,6 @@
-"""Which stream entry carries each job: the hash ``<prefix>:carried``, job id ->
-``"<stream>|<entry id>"``, so the reconciler finds jobs that no stream carries by asking
-for their ids, without reading the streams.
+"""Which stream entry carries each job: one hash per model (``keys.carried``, in the hash
+slot of the model's streams), job id -> ``"<stream>|<entry id>"``, so the reconciler finds
+jobs that no stream carries by asking for their ids, without reading the streams.
 
 The index moves with the entries, in the same Redis scripts and pipelines that move them:
 publishing and handing back set the job's field to its new entry; acking and
@@ -10,8 +10,8 @@ left in a stream after its ack (until trimmed) is not in the index, which is wha
 "carried" means: a job whose only entry was acked needs no worker.
 
 The index is complete only once built from the streams (``ensure_index``), which happens
-once per Redis data set: on the first reconcile, and again after Redis lost its data or
-the marker key (``carried_ready``) was evicted. A stream key lost alone (evicted under a
+once per model and Redis data set: on the first reconcile of the model's jobs, and again
+after Redis lost its data or the marker key (``carried_ready``) was evicted. A stream key lost alone (evicted under a
 ``maxmemory`` policy that evicts any key) leaves fields naming entries older than what the
 stream holds now; those are read as not carried.
 """
@@ -25,6 +25,7 @@ import redis
 
 from worker.queue.entry_ids import id_key
 from worker.queue.keys import QueueKeys
+from worker.queue.scripts import queue_script
 
 PAGE = 1000
 
@@ -56,7 +57,7 @@ def forget(
              for x in (job_id, ref(stream, entry_id))]
     script = cast(Any, redis_client).register_script(FORGET)
     for lo in range(0, len(pairs), 2 * PAGE):
-        script(keys=[keys.carried], args=pairs[lo : lo + 2 * PAGE], client=pipe)
+        queue_script(pipe, script, keys=[keys.carried], args=pairs[lo : lo + 2 * PAGE])
 
 
 def carried_among(*, redis_client: redis.Redis, keys: QueueKeys, job_ids: list[str]) -> set[str]:

@@ -13,7 +13,7 @@ lie behind many entries live workers keep fresh are reached after a few calls.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -21,6 +21,14 @@ from worker.queue.group import ensure_groups, is_nogroup
 from worker.queue.keys import QueueKeys
 
 START = "0-0"
+
+# XAUTOCLAIM ... JUSTID inside a script, whose reply reaches the caller as Redis gave it:
+# redis-py's parser of the command drops the cursor when JUSTID is given. ARGV: group,
+# consumer, min idle ms, cursor, count.
+_XAUTOCLAIM = (
+    "return redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], "
+    "'COUNT', ARGV[5], 'JUSTID')"
+)
 
 
 def take_over_stale(
@@ -38,23 +46,15 @@ def take_over_stale(
     call. Without it each call scans from the start of each stream's pending list."""
     if cursors is None:
         cursors = {}
-    raw = _raw_xautoclaim_client(redis_client)
     out: list[tuple[str, str]] = []
     for stream in keys.streams:
         want = count - len(out)
         if want <= 0:
             break
         try:
-            reply: Any = raw.execute_command(
-                "XAUTOCLAIM",
-                stream,
-                keys.group,
-                consumer,
-                min_idle_ms,
-                cursors.get(stream, START),
-                "COUNT",
-                want,
-                "JUSTID",
+            cursor, ids = autoclaim_ids(
+                redis_client, stream, keys.group, consumer,
+                min_idle_ms=min_idle_ms, cursor=cursors.get(stream, START), count=want,
             )
         except redis.ResponseError as exc:
             if is_nogroup(exc):
@@ -62,21 +62,19 @@ def take_over_stale(
                 cursors.pop(stream, None)
                 continue
             raise
-        cursors[stream] = _text(reply[0])
-        out += [(stream, _text(entry_id)) for entry_id in reply[1]]
+        cursors[stream] = cursor
+        out += [(stream, entry_id) for entry_id in ids]
     return out
 
 
-def _raw_xautoclaim_client(redis_client: redis.Redis) -> redis.Redis:
-    """A client on the same connection pool whose XAUTOCLAIM returns Redis's reply as is:
-    redis-py's own parser drops the cursor when JUSTID is given, even for execute_command."""
-    view = redis.Redis(connection_pool=redis_client.connection_pool)
-    view.set_response_callback("XAUTOCLAIM", _as_is)
-    return view
-
-
-def _as_is(response: Any, **_options: Any) -> Any:
-    return response
+def autoclaim_ids(
+    redis_client: redis.Redis, stream: str, group: str, consumer: str, *,
+    min_idle_ms: int, cursor: str, count: int,
+) -> tuple[str, list[str]]:
+    """One XAUTOCLAIM ... JUSTID: ``(where the next scan starts, the ids taken over)``."""
+    script = cast(Any, redis_client).register_script(_XAUTOCLAIM)
+    reply: Any = script(keys=[stream], args=[group, consumer, min_idle_ms, cursor, count])
+    return _text(reply[0]), [_text(entry_id) for entry_id in reply[1]]
 
 
 def _text(value: Any) -> str:

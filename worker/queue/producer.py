@@ -1,6 +1,7 @@
-"""Publishing: XADD job messages to their class streams (Redis only; the rows were
-committed first by :mod:`worker.jobs.enqueue` or are being re-published), each entry
-recorded as its job's carrier in the same script (``worker.queue.carried``)."""
+"""Publishing: XADD job messages to their class streams of one model (Redis only; the rows
+were committed first by :mod:`worker.jobs.enqueue` or are being re-published), each entry
+recorded as its job's carrier in the same script (``worker.queue.carried``: the model's
+index, in the streams' hash slot)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import redis
 
 from worker.queue.keys import QueueKeys
 from worker.queue.message import JobMessage
+from worker.queue.scripts import queue_script
 
 CHUNK = 200  # messages per script call (a script blocks Redis while it runs)
 
@@ -33,8 +35,9 @@ return ids
 def publish(
     *, redis_client: redis.Redis, keys: QueueKeys, messages: Sequence[tuple[str, JobMessage]]
 ) -> list[str]:
-    """XADD ``(queue_class, message)`` pairs, a script call per stream and chunk of
-    messages, all in one pipeline; returns the entry ids in the order of ``messages``."""
+    """XADD ``(queue_class, message)`` pairs to the streams of ``keys.model``, a script call
+    per stream and chunk of messages, all in one pipeline; returns the entry ids in the
+    order of ``messages``."""
     if not messages:
         return []
     by_stream: dict[str, list[int]] = {}
@@ -53,7 +56,7 @@ def publish(
             args: list[str | int] = [width]
             for i, values in zip(part, flat, strict=True):
                 args += [messages[i][1].job_id, *values]
-            script(keys=[stream, keys.carried], args=args, client=pipe)
+            queue_script(pipe, script, keys=[stream, keys.carried], args=args)
             calls.append(part)
     ids: list[str] = [""] * len(messages)
     for part, reply in zip(calls, pipe.execute(), strict=True):

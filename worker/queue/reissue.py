@@ -13,6 +13,7 @@ import redis
 
 from worker.queue.delivery import Delivery
 from worker.queue.keys import QueueKeys
+from worker.queue.scripts import queue_script
 from worker.queue.suspects import field_of
 
 # Ack the old entry and, only if it was still pending, add its copy and name the copy as
@@ -38,7 +39,7 @@ def reissue_entries(*, redis_client: redis.Redis, keys: QueueKeys, deliveries: S
     pipe = redis_client.pipeline(transaction=False)
     for d in deliveries:
         flat = [x for kv in (d.fields or {}).items() for x in kv]
-        script(keys=[d.stream, keys.carried], args=[keys.group, d.entry_id, d.job_id or "", *flat],
-               client=pipe)
+        queue_script(pipe, script, keys=[d.stream, keys.carried],
+                     args=[keys.group, d.entry_id, d.job_id or "", *flat])
     pipe.hdel(keys.suspects, *(field_of(d.stream, d.entry_id) for d in deliveries))
     return sum(int(n) for n in pipe.execute()[: len(deliveries)])

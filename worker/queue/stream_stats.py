@@ -1,5 +1,5 @@
 """Per-stream figures for ``inflight top``: length, pending and undelivered entries and
-consumers of the group, for each job stream and the dead-letter stream."""
+consumers of the group, for each job stream and the dead-letter stream of one model."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import redis
 
-from worker.queue.keys import QueueKeys
+from worker.queue.keys import QUEUE_CLASSES, QueueKeys
 
 
 @dataclass
@@ -20,6 +20,8 @@ class StreamStats:
 
     stream: str
     length: int
+    model: str | None = None
+    kind: str = ""  # the queue class, or "dead"
     pending: int | None = None
     lag: int | None = None
     consumers: int | None = None
@@ -27,12 +29,15 @@ class StreamStats:
 
 
 def stream_stats(*, redis_client: redis.Redis, keys: QueueKeys) -> list[StreamStats]:
-    """XLEN and the consumer group's XINFO GROUPS entry of each job stream (interactive
-    first), then the dead-letter stream's length. A missing stream reads as empty."""
+    """XLEN and the consumer group's XINFO GROUPS entry of each job stream of ``keys.model``
+    (interactive first), then the dead-letter stream's length. A missing stream reads as
+    empty."""
     client = cast(Any, redis_client)
     out = []
-    for stream in [*keys.streams, keys.dead]:
-        stats = StreamStats(stream=stream, length=int(client.xlen(stream)))
+    kinds = [*QUEUE_CLASSES, "dead"]
+    for stream, kind in zip([*keys.streams, keys.dead], kinds, strict=True):
+        stats = StreamStats(stream=stream, length=int(client.xlen(stream)), model=keys.model,
+                            kind=kind)
         try:
             groups: list[dict[str, Any]] = client.xinfo_groups(stream)
         except redis.ResponseError:  # no such stream

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.engine.grammar_service import DEFAULT_TIMEOUT_S
+from worker.service.model_info import model_id_for
 
 
 @dataclass
@@ -15,6 +16,9 @@ class WorkerConfig:
     database_url: str
     redis_url: str
     model: str = "smollm2-135m"
+    # the model id clients name, the streams it reads (``{prefix:<id>}:jobs:...``) and what
+    # it registers; None: the --model spec, or a local path's name (model_info.model_id_for)
+    served_model_name: str | None = None
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     name: str | None = None  # consumer name; None: the host name (first free of host, host-1, ...)
     prefix: str = "inflight"  # Redis key prefix
@@ -40,3 +44,8 @@ class WorkerConfig:
     # one structured-output grammar compile, in the intake's helper process; a job whose
     # grammar takes longer fails alone (worker.service.grammars)
     grammar_timeout: float = DEFAULT_TIMEOUT_S
+
+    @property
+    def model_id(self) -> str:
+        """The id of the model this worker serves (``served_model_name``, else the spec's)."""
+        return self.served_model_name or model_id_for(self.model)

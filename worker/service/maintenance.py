@@ -6,7 +6,9 @@ them a second time).
   ``heartbeat_interval``, poll the cancel signals, trim the streams;
 - upkeep (SQL): the worker heartbeat row and the recorded cancels;
 - reconciler: its own thread, so a long reconcile never delays the heartbeat (a worker
-  whose heartbeat lapses looks dead, and its running jobs would be re-published).
+  whose heartbeat lapses looks dead, and its running jobs would be re-published); before
+  each reconcile it moves what an older deployment's untagged keys still hold
+  (``worker.jobs.legacy_keys``).
 
 Cancels are read twice: the Redis signal (fast, every ``cancel_poll_interval``) and the SQL
 record (every ``heartbeat_interval``), so a cancel whose signal Redis lost (a restart
@@ -20,9 +22,11 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
+from worker.jobs.legacy_keys import LegacyMove, move_legacy_keys
 from worker.jobs.republish import reconcile
 from worker.queue.cancel import cancelled_among
 from worker.queue.consumer import touch
+from worker.queue.legacy import mover_name
 from worker.queue.trim import trim_streams
 from worker.service.naming import renew_name
 from worker.service.runtime import WorkerRuntime
@@ -141,6 +145,7 @@ class Maintenance:
 
     def _reconcile(self) -> None:
         c = self.rt.config
+        move_old_keys(self.rt)
         ids = reconcile(
             session_factory=self.rt.session_factory,
             redis_client=self.rt.redis,
@@ -149,3 +154,12 @@ class Maintenance:
             worker_timeout=timedelta(seconds=c.worker_timeout),
         )
         self.reconciled += len(ids)
+
+
+def move_old_keys(rt: WorkerRuntime) -> LegacyMove:
+    """Move what the untagged keys of an older deployment still hold to this worker's
+    model's keys (``worker.jobs.legacy_keys``; nothing to do is one EXISTS)."""
+    return move_legacy_keys(
+        session_factory=rt.session_factory, redis_client=rt.redis, keys=rt.keys,
+        mover=mover_name(rt.consumer), min_idle_ms=rt.config.claim_idle_ms,
+    )

@@ -23,8 +23,9 @@ def _text(value: Any, limit: int) -> str | None:
     return str(value)[:limit] if value else None
 
 
-def describe_engine(engine: Any, spec: str) -> ModelInfo:
-    """The model info of ``engine`` built from ``spec``: its runner's transformers config
+def describe_engine(engine: Any, spec: str, model_id: str | None = None) -> ModelInfo:
+    """The model info of ``engine`` built from ``spec`` and served as ``model_id`` (default:
+    :func:`model_id_for` the spec): its runner's transformers config
     (``model_type``, ``architectures[0]``), dtype (``float32``, without ``torch.``) and
     ``max_model_len``. An engine without a runner (a test double) gives the id alone."""
     runner = getattr(engine, "runner", None)
@@ -33,7 +34,7 @@ def describe_engine(engine: Any, spec: str) -> ModelInfo:
     dtype = getattr(runner, "dtype", None)
     max_len = getattr(runner, "max_model_len", None)
     return ModelInfo(
-        model_id=model_id_for(spec),
+        model_id=model_id or model_id_for(spec),
         model_type=_text(getattr(config, "model_type", None), 64),
         architecture=_text(architectures[0], 255) if architectures else None,
         dtype=_text(str(dtype).removeprefix("torch."), 32) if dtype is not None else None,

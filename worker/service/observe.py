@@ -90,7 +90,7 @@ class JobObserver:
         t = JobTimeline(
             job_id=held.job_id,
             worker_id=self.worker_id,
-            queue_class=(self._keys or QueueKeys()).class_of(held.stream),
+            queue_class=held.service_class,
             received=held.received,
             traceparent=msg.traceparent if msg is not None else None,
             enqueued=entry_time(held.entry_id),

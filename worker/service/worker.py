@@ -27,7 +27,7 @@ from worker.service.engine_api import EngineAPI, EngineBroken
 from worker.service.engine_loop import EngineLoop
 from worker.service.grammars import WorkerGrammars
 from worker.service.intake import Intake
-from worker.service.maintenance import Maintenance
+from worker.service.maintenance import Maintenance, move_old_keys
 from worker.service.model_info import describe_engine
 from worker.service.naming import acquire_name, release_name
 from worker.service.observe import JobObserver
@@ -153,7 +153,7 @@ class WorkerProcess:
         engine = self._load_engine()
         db = make_engine(url=c.database_url)
         redis_client = make_redis(url=c.redis_url)
-        keys = QueueKeys(prefix=c.prefix, group=c.group)
+        keys = QueueKeys(prefix=c.prefix, group=c.group, model=c.model_id)
         try:  # Redis may be down (or restarting) as the worker starts: wait for it
             consumer, token = retry(
                 lambda: acquire_name(
@@ -198,7 +198,7 @@ class WorkerProcess:
 
     def _register(self, rt: WorkerRuntime, engine: EngineAPI) -> None:
         """This run's ``workers`` row, with what its engine serves; the consumer groups."""
-        served = describe_engine(engine, rt.config.model)
+        served = describe_engine(engine, rt.config.model, rt.config.model_id)
 
         def register() -> None:
             with rt.session_factory.begin() as s:
@@ -214,6 +214,11 @@ class WorkerProcess:
         retry(register, what="register worker", stop=self.flags.draining)
         retry(lambda: ensure_groups(redis_client=rt.redis, keys=rt.keys),
               what="create the consumer groups", stop=self.flags.draining)
+        try:  # an upgrade's leftovers; retried before each reconcile if this fails
+            retry(lambda: move_old_keys(rt), what="move the old Redis keys",
+                  stop=self.flags.draining)
+        except Exception as exc:
+            log.warning("moving the old Redis keys failed: %s: %s", type(exc).__name__, exc)
 
     # -- build -----------------------------------------------------------------------------
     def _build(self, conn: Connected) -> Threads:

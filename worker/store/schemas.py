@@ -9,11 +9,14 @@ from typing import Any
 
 @dataclass
 class NewJob:
-    """A job to insert. ``id`` is filled by ``new_job_id()`` when left empty."""
+    """A job to insert. ``id`` is filled by ``new_job_id()`` when left empty. ``model``: the
+    model id it runs on; None takes the model of the queue keys it is enqueued with
+    (``worker.jobs.enqueue``: a worker's, a test's or a single-model tool's keys)."""
 
     request: dict[str, Any]
     tenant: str = "default"
     queue_class: str = "batch"
+    model: str | None = None
     priority: int = 0
     custom_id: str | None = None
     batch_id: str | None = None

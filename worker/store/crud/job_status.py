@@ -66,6 +66,7 @@ def create_jobs(
                 "batch_id": job.batch_id,
                 "custom_id": job.custom_id,
                 "queue_class": job.queue_class,
+                "model": job.model,
                 "status": JobStatus.QUEUED.value,
                 "priority": job.priority,
                 "request": job.request,
@@ -260,3 +261,18 @@ def _cancel(session: Session, which: ColumnElement[bool]) -> list[tuple[str, str
         .returning(Job.id, Job.status)
     )
     return [(job_id, status) for job_id, status in session.execute(stmt)]
+
+
+def assign_model(*, session: Session, job_ids: Sequence[str], model: str) -> list[str]:
+    """Give ``model`` to those of these jobs that have none (rows from before revision
+    0014); returns their ids. Jobs with a model keep theirs."""
+    if not job_ids:
+        return []
+    ids = list(job_ids)
+    chosen = list(session.scalars(
+        select(Job.id).where(Job.id.in_(ids), Job.model.is_(None)).with_for_update()
+    ))
+    if chosen:
+        session.execute(update(Job).where(Job.id.in_(chosen), Job.model.is_(None))
+                        .values(model=model))
+    return chosen

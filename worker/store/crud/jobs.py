@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import ColumnElement, func, select, tuple_
@@ -86,6 +87,17 @@ def statuses(*, session: Session, job_ids: Iterable[str]) -> dict[str, str]:
     return {job_id: status for job_id, status in rows}
 
 
+def statuses_and_models(
+    *, session: Session, job_ids: Iterable[str]
+) -> dict[str, tuple[str, str | None]]:
+    """(status, model) of each of these jobs (missing ids are absent from the answer)."""
+    ids = list(job_ids)
+    if not ids:
+        return {}
+    rows = session.execute(select(Job.id, Job.status, Job.model).where(Job.id.in_(ids)))
+    return {job_id: (status, model) for job_id, status, model in rows}
+
+
 def cancel_requested_among(*, session: Session, job_ids: Sequence[str]) -> set[str]:
     """Which of these jobs are still open with a recorded cancel request (what a worker
     honours even when the Redis signal was lost)."""
@@ -99,18 +111,27 @@ def cancel_requested_among(*, session: Session, job_ids: Sequence[str]) -> set[s
     return set(session.scalars(stmt))
 
 
+@dataclass
+class JobHead:
+    """What the reconciler needs of an open job to pick it, without its request body."""
+
+    id: str
+    status: str
+    worker_id: str | None
+    model: str | None
+
+
 def open_job_heads(
     *, session: Session, queued_before: datetime, limit: int = 10_000, after_id: str = ""
-) -> list[tuple[str, str, str | None]]:
-    """(id, status, worker_id) of queued or running jobs queued before ``queued_before``, by
-    id: what the reconciler needs to pick candidates, without loading request bodies."""
+) -> list[JobHead]:
+    """The heads of queued or running jobs queued before ``queued_before``, by id."""
     stmt = (
-        select(Job.id, Job.status, Job.worker_id)
+        select(Job.id, Job.status, Job.worker_id, Job.model)
         .where(Job.status.in_(OPEN), Job.queued_at < queued_before, Job.id > after_id)
         .order_by(Job.id)
         .limit(limit)
     )
-    return [(i, st, w) for i, st, w in session.execute(stmt)]
+    return [JobHead(i, st, w, m) for i, st, w, m in session.execute(stmt)]
 
 
 def open_jobs_with_ids(*, session: Session, job_ids: Sequence[str]) -> list[Job]:

@@ -1,16 +1,19 @@
 """Data access for ``GET /v1/models`` and ``inflight models``: the models served by the
 live workers (not stopped, heartbeat within the worker timeout), from the ``workers`` rows
-each worker writes when it registers."""
+each worker writes when it registers; and which models were served recently, for the
+submission path's model rules (``api.control.models``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from worker.store.base import utcnow
 from worker.store.crud.workers import live_workers
-from worker.store.models import Worker
+from worker.store.models import Worker, WorkerStatus
 
 
 @dataclass
@@ -65,3 +68,35 @@ def served_model(
     """The model ``model_id`` if a live worker serves it, else None."""
     found = [m for m in served_models(session=session, within=within, now=now) if m.id == model_id]
     return found[0] if found else None
+
+
+@dataclass
+class ModelsSeen:
+    """The model ids of the workers that beat recently: ``live`` (not stopped, beat within
+    the worker timeout) and ``recent`` (any status, beat within the longer window; live
+    ones included)."""
+
+    live: set[str] = field(default_factory=set)
+    recent: set[str] = field(default_factory=set)
+
+
+def models_seen(
+    *, session: Session, live_within: timedelta, recent_within: timedelta,
+    now: datetime | None = None,
+) -> ModelsSeen:
+    """Which models the live workers serve, and which any worker served within
+    ``recent_within`` (a worker registered before revision 0008 counts under its spec)."""
+    now = now or utcnow()
+    rows = session.execute(
+        select(Worker.model_id, Worker.model, Worker.status, Worker.heartbeat_at)
+        .where(Worker.heartbeat_at >= now - max(recent_within, live_within))
+    )
+    seen = ModelsSeen()
+    for model_id, spec, status, beat in rows:
+        model = model_id or spec
+        if beat >= now - recent_within:
+            seen.recent.add(model)
+        if beat >= now - live_within and status != WorkerStatus.STOPPED.value:
+            seen.live.add(model)
+    seen.recent |= seen.live
+    return seen

@@ -33,6 +33,9 @@ class Batch(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(128), default="default")
     endpoint: Mapped[str] = mapped_column(String(64), default="/v1/chat/completions")
+    # the model every line runs on (its first line's, or the deployment's default); NULL on
+    # batches older than revision 0014, whose lines' model is found again from the file
+    model: Mapped[str | None] = mapped_column(String(255))
     status: Mapped[str] = mapped_column(String(16), default=BatchStatus.VALIDATING.value)
     completion_window: Mapped[str] = mapped_column(String(16), default="24h")
     input_file_id: Mapped[str | None] = mapped_column(String(64))

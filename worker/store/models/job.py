@@ -33,6 +33,10 @@ class Job(Base):
     batch_id: Mapped[str | None] = mapped_column(String(64))
     custom_id: Mapped[str | None] = mapped_column(String(512))
     queue_class: Mapped[str] = mapped_column(String(16), default="batch")
+    # the model id it runs on (the stream it is published to, ``model`` in its answers;
+    # api.control.models): NULL only on rows older than revision 0014 that no worker's
+    # model could be given to
+    model: Mapped[str | None] = mapped_column(String(255))
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED.value)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     request: Mapped[dict[str, Any]] = mapped_column(JSON)
