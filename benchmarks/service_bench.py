@@ -21,6 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.thread_cpu import ThreadCpu
 from migrations.run import upgrade
 from worker.engine.outputs import RequestMetrics, RequestOutput, StepStats
 from worker.jobs.enqueue import enqueue
@@ -141,12 +142,14 @@ def run_worker(env: Env, engine: Any, n: int, **cfg: Any) -> tuple[float, dict]:
         finished_at.append(time.perf_counter())
         worker.stop()
 
-    watcher = threading.Thread(target=watch, daemon=True)
+    watcher = threading.Thread(target=watch, name="bench-watcher", daemon=True)
     t0 = time.perf_counter()
     watcher.start()
-    worker.run()
+    with ThreadCpu() as cpu:
+        worker.run()
     watcher.join(60)
     stats = dict(worker.stats)
+    stats["thread_cpu_seconds"] = cpu.seconds
     if first_done:  # the steady rate, after start-up (engine, Redis group, registration)
         stats["seconds_after_first_result"] = finished_at[0] - first_done[0]
         stats["startup_seconds"] = first_done[0] - t0
@@ -188,7 +191,11 @@ def bench_throughput(args: argparse.Namespace, env: Env) -> dict:
         secs, stats = run_worker(env, engine, before + len(jobs), prefetch=args.prefetch)
         details.append({k: stats.get(k) for k in ("steps", "transactions", "startup_seconds",
                                                    "seconds_after_first_result")}
-                       | {"seconds": round(secs, 2), "engine_seconds_before": round(before_secs, 2)})
+                       | {"seconds": round(secs, 2), "engine_seconds_before": round(before_secs, 2),
+                          "thread_cpu_seconds": stats["thread_cpu_seconds"],
+                          "thread_cpu_ms_per_step": {
+                              name: round(s * 1e3 / max(1, stats.get("steps") or 1), 2)
+                              for name, s in stats["thread_cpu_seconds"].items()}})
         with env.db.connect() as c:
             from sqlalchemy import text
             svc_tokens = c.execute(text("SELECT sum(completion_tokens) FROM jobs WHERE id = ANY(:ids)"),
