@@ -138,7 +138,8 @@ def new_job(ctx: Context, sub: Submission, seen: set[str | None] | None = None) 
     job_id = sub.job_id or (keyed_job_id(sub.batch_id, custom_id or "") if sub.batch_id
                             else new_job_id())
     job = NewJob(id=job_id, request=stored, tenant=sub.tenant, queue_class=sub.queue_class,
-                 priority=sub.priority, custom_id=custom_id, batch_id=sub.batch_id)
+                 priority=sub.priority, custom_id=custom_id, batch_id=sub.batch_id,
+                 max_tokens=req.max_output_tokens)
     return Checked(req, job)
 
 

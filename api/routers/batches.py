@@ -32,6 +32,7 @@ from worker.store.crud.batches import create_batch, find_by_idempotency_key
 from worker.store.crud.files import create_file, get_file, new_file_id
 from worker.store.crud.jobs import count_by_status
 from worker.store.crud.tenant_usage import lock_tenant
+from worker.store.crud.usage import batch_usage
 from worker.store.models import Batch
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -44,19 +45,25 @@ def _owned(ctx: Context, tenant: str, batch_id: str) -> Batch:
 
 
 def _live_view(ctx: Context, batch: Batch) -> tuple[dict[str, Any], bool]:
-    """The batch object with request counts as of now, and whether it can be finalized."""
+    """The batch object with request counts and usage as of now, and whether it can be
+    finalized."""
     if batch.status not in _LIVE:
+        if batch.usage is None:  # ended without a finalize (failed at expansion)
+            with ctx.reads() as session:
+                return batch_view(batch, usage=batch_usage(session=session,
+                                                           batch_id=batch.id)), False
         return batch_view(batch), False
     with ctx.session_factory() as session:
         counts = count_by_status(session=session, batch_id=batch.id)
         progress = get_progress(session=session, batch_id=batch.id)
         invalid, expanded = progress.invalid_lines or 0, bool(progress.expanded)
+        usage = batch_usage(session=session, batch_id=batch.id)
         session.rollback()
     failed = counts.get("failed", 0) + counts.get("cancelled", 0) + invalid
     live = {"total": batch.request_total, "completed": counts.get("succeeded", 0), "failed": failed}
     open_jobs = counts.get("queued", 0) + counts.get("running", 0)
     ready = open_jobs == 0 and (expanded or batch.status == "cancelling")
-    return batch_view(batch, live), ready and batch.status != "validating"
+    return batch_view(batch, live, usage), ready and batch.status != "validating"
 
 
 def _input_path(session: Session, tenant: str, file_id: str) -> str:
