@@ -55,9 +55,9 @@ def _live_view(ctx: Context, batch: Batch) -> tuple[dict[str, Any], bool]:
         return batch_view(batch), False
     with ctx.session_factory() as session:
         counts = count_by_status(session=session, batch_id=batch.id)
-        progress = get_progress(session=session, batch_id=batch.id)
-        invalid, expanded = progress.invalid_lines or 0, bool(progress.expanded)
         usage = batch_usage(session=session, batch_id=batch.id)
+        progress = get_progress(session=session, batch_id=batch.id)  # may add a row: last
+        invalid, expanded = progress.invalid_lines or 0, bool(progress.expanded)
         session.rollback()
     failed = counts.get("failed", 0) + counts.get("cancelled", 0) + invalid
     live = {"total": batch.request_total, "completed": counts.get("succeeded", 0), "failed": failed}
