@@ -178,6 +178,17 @@ def _custom_id(sub: Submission, req: GenerationRequest, seen: set[str | None] | 
     return custom_id
 
 
+def check_callback_url(ctx: Context, url: str | None) -> None:
+    """400 ``invalid_callback_url`` unless every address ``url``'s host resolves to may be
+    POSTed to (public, or a host the operator allows; ``api/control/destinations.py``)."""
+    if url is not None:
+        try:
+            resolve(url, allow_hosts=ctx.settings.webhook_allow_hosts)
+        except DestinationRefused as exc:
+            raise ApiError(400, str(exc), code="invalid_callback_url",
+                           param="callback_url") from None
+
+
 def _check(ctx: Context, sub: Submission, req: GenerationRequest) -> None:
     """The checks past parsing: the idempotency keys and the callback URL (400), the
     token limits (400), the structured-output constraint (400, or 503 when the grammar
@@ -185,13 +196,7 @@ def _check(ctx: Context, sub: Submission, req: GenerationRequest) -> None:
     for param, key in (("Idempotency-Key", sub.key_header), ("idempotency_key", sub.key_field)):
         if key is not None:
             check_id(key, param=param)
-    if sub.callback_url is not None:
-        try:
-            resolve(sub.callback_url, allow_hosts=ctx.settings.webhook_allow_hosts)
-        except DestinationRefused as exc:
-            raise ApiError(
-                400, str(exc), code="invalid_callback_url", param="callback_url"
-            ) from None
+    check_callback_url(ctx, sub.callback_url)
     check_request_limits(
         req,
         max_prompt_tokens=ctx.settings.max_prompt_tokens,

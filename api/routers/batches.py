@@ -18,6 +18,7 @@ from api.context import Context
 from api.control.celery_app import send
 from api.control.input_lines import count_lines
 from api.control.retry_lines import write_retry_file
+from api.control.submit import check_callback_url
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, idempotency_key_reused, known_id, not_found
 from api.openapi_links import links_to
@@ -155,6 +156,7 @@ def create(
         if earlier is not None:
             return _replay(ctx, earlier)
     admit_or_refuse(ctx, "batch")  # 429/503 before anything is written or counted
+    check_callback_url(ctx, payload.callback_url)
     known_id("file", payload.input_file_id, param="input_file_id")
     with ctx.session_factory() as session:
         path = _input_path(session, tenant, payload.input_file_id)
@@ -189,6 +191,7 @@ def create(
                 ),
                 idempotency_key=key,
                 request_digest=digest if key is not None else None,
+                callback_url=payload.callback_url,
             )
     except (_KeyTaken, IntegrityError):
         # a concurrent first request with the same key committed its batch first (seen
@@ -214,6 +217,7 @@ def _new_batch(
     retry_of: str | None = None,
     idempotency_key: str | None = None,
     request_digest: str | None = None,
+    callback_url: str | None = None,
 ) -> str:
     """Add a batch (validating, its window starting now); returns its id."""
     batch = create_batch(
@@ -225,6 +229,7 @@ def _new_batch(
         metadata=metadata,
         idempotency_key=idempotency_key,
         request_digest=request_digest,
+        callback_url=callback_url,
     )
     batch.created_at = utcnow()
     batch.expires_at = batch.created_at + timedelta(hours=int(completion_window[:-1]))
@@ -264,6 +269,9 @@ def retry(
             param="batch_id",
         )
     body = payload or BatchRetry.model_validate({})
+    callback_url = (body.callback_url if "callback_url" in body.model_fields_set
+                    else old.callback_url)
+    check_callback_url(ctx, callback_url)
     admit_or_refuse(ctx, "batch")
     file_id = new_file_id()
     tmp, path = ctx.storage.writer(tenant=tenant, file_id=file_id)
@@ -298,6 +306,7 @@ def retry(
                     else old.output_expires_after
                 ),
                 retry_of=old.id,
+                callback_url=callback_url,
             )
     except BaseException:
         tmp.unlink(missing_ok=True)  # refused or not recorded: keep no orphan bytes
