@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.grammar_check import GrammarChecker
 from api.settings import Settings
 from api.storage import Storage
+from api.tokenizer import PromptCounter
 from worker.engine.grammar_service import GrammarService
 from worker.queue.keys import QueueKeys
 
@@ -27,6 +28,8 @@ class Context:
     storage: Storage
     read_session_factory: sessionmaker[Session] | None = None
     grammar: GrammarChecker = field(default_factory=GrammarChecker)  # started on first use
+    # exact prompt tokens for the estimates (the tokenizer is read on first use)
+    prompt_tokens: PromptCounter = field(default_factory=lambda: PromptCounter(None))
 
     @property
     def reads(self) -> sessionmaker[Session]:
@@ -67,4 +70,5 @@ def make_context(settings: Settings) -> Context:
             timeout_s=settings.grammar_timeout, max_concurrent=settings.grammar_concurrency,
             wait_s=settings.grammar_wait,
         )),
+        prompt_tokens=PromptCounter(settings.tokenizer),
     )

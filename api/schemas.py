@@ -61,6 +61,9 @@ class JobCreate(StoredBody):
     )
     callback_url: str | None = callback_url_field("POSTed the job object when it ends")
     queue_class: Literal["interactive", "batch"] = "interactive"
+    dry_run: bool = Field(
+        False, description="answer the estimate (prompt and output tokens, engine-seconds, "
+                           "completion time) and create nothing")
 
 
 EXPIRES_MIN_S = 3600  # OpenAI's bounds of expires_after.seconds: one hour ...
@@ -91,6 +94,9 @@ class BatchCreate(StoredBody):
     callback_url: str | None = callback_url_field(
         "POSTed the batch's event (OpenAI's batch.completed, .failed, .expired, .cancelled) "
         "when it ends, signed")
+    dry_run: bool = Field(
+        False, description="answer the estimate (prompt and output tokens, engine-seconds, "
+                           "completion time) and create nothing")
 
 
 class BatchRetry(StoredBody):

@@ -139,8 +139,15 @@ def new_job(ctx: Context, sub: Submission, seen: set[str | None] | None = None) 
                             else new_job_id())
     job = NewJob(id=job_id, request=stored, tenant=sub.tenant, queue_class=sub.queue_class,
                  priority=sub.priority, custom_id=custom_id, batch_id=sub.batch_id,
-                 max_tokens=req.max_output_tokens)
+                 max_tokens=allowed_output_tokens(req))
     return Checked(req, job)
+
+
+def allowed_output_tokens(req: GenerationRequest) -> int | None:
+    """The output tokens a request allows, all its ``n`` samples together (None when it
+    names no ``max_tokens``: it runs to the model's context)."""
+    mt = req.params.max_tokens
+    return None if mt is None else mt * req.params.n
 
 
 def _parse(sub: Submission) -> GenerationRequest:

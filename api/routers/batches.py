@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from api.admission import admit_or_refuse
 from api.context import Context
 from api.control.celery_app import send
+from api.control.estimate import Quote, admit, batch_work, price
 from api.control.input_lines import count_lines
 from api.control.retry_lines import write_retry_file
 from api.control.submit import check_callback_url
@@ -148,6 +149,8 @@ def create(
     With an ``Idempotency-Key`` a repeat of the request answers the batch the first one
     created (200, ``Idempotent-Replayed: true``) and creates nothing; the same key with a
     different request is a 409 ``idempotency_key_reused``."""
+    if payload.dry_run:
+        return _quote(ctx, tenant, payload)
     key = idempotency_key
     digest = _digest(payload)
     if key is not None:
@@ -157,19 +160,11 @@ def create(
             return _replay(ctx, earlier)
     admit_or_refuse(ctx, "batch")  # 429/503 before anything is written or counted
     check_callback_url(ctx, payload.callback_url)
-    known_id("file", payload.input_file_id, param="input_file_id")
-    with ctx.session_factory() as session:
-        path = _input_path(session, tenant, payload.input_file_id)
-    lines = count_lines(path, stop_after=ctx.settings.max_batch_lines)
-    if lines > ctx.settings.max_batch_lines:
-        raise ApiError(
-            400,
-            f"the file has more than {ctx.settings.max_batch_lines} lines, the limit per "
-            "batch; split it into several batches",
-            code="too_many_lines",
-            param="input_file_id",
-        )
+    path, lines = _counted_input(ctx, tenant, payload.input_file_id)
     admit_or_refuse(ctx, "batch", offered=lines)
+    quote = price(ctx, tenant, batch_work(ctx, path, payload.endpoint),
+                  window=payload.completion_window)
+    admit(ctx, quote)  # 400 completion_window_unmeetable
     try:
         with ctx.session_factory.begin() as session:
             lock_tenant(session=session, tenant=tenant)  # DELETE /v1/files/{id} takes it too
@@ -192,6 +187,7 @@ def create(
                 idempotency_key=key,
                 request_digest=digest if key is not None else None,
                 callback_url=payload.callback_url,
+                quote=quote,
             )
     except (_KeyTaken, IntegrityError):
         # a concurrent first request with the same key committed its batch first (seen
@@ -203,6 +199,35 @@ def create(
     view = _live_view(ctx, _owned(ctx, tenant, batch_id))[0]  # as created: validating
     request.app.state.dispatcher.submit("inflight.expand_batch", batch_id)
     return view
+
+
+def _counted_input(ctx: Context, tenant: str, file_id: str) -> tuple[str, int]:
+    """The path of the tenant's batch input ``file_id`` and its lines; 400
+    ``too_many_lines`` past the limit (counted streaming, nothing kept)."""
+    known_id("file", file_id, param="input_file_id")
+    with ctx.session_factory() as session:
+        path = _input_path(session, tenant, file_id)
+    lines = count_lines(path, stop_after=ctx.settings.max_batch_lines)
+    if lines > ctx.settings.max_batch_lines:
+        raise ApiError(
+            400,
+            f"the file has more than {ctx.settings.max_batch_lines} lines, the limit per "
+            "batch; split it into several batches",
+            code="too_many_lines",
+            param="input_file_id",
+        )
+    return path, lines
+
+
+def _quote(ctx: Context, tenant: str, payload: BatchCreate) -> dict[str, Any]:
+    """A dry run: the estimate of the batch the request would create (the same checks of
+    its file and callback URL), and nothing created, counted or published."""
+    check_callback_url(ctx, payload.callback_url)
+    path, _ = _counted_input(ctx, tenant, payload.input_file_id)
+    quote = price(ctx, tenant, batch_work(ctx, path, payload.endpoint),
+                  window=payload.completion_window)
+    return {"object": "batch.quote", "input_file_id": payload.input_file_id,
+            "endpoint": payload.endpoint, **quote.view()}
 
 
 def _new_batch(
@@ -218,8 +243,10 @@ def _new_batch(
     idempotency_key: str | None = None,
     request_digest: str | None = None,
     callback_url: str | None = None,
+    quote: Quote | None = None,
 ) -> str:
-    """Add a batch (validating, its window starting now); returns its id."""
+    """Add a batch (validating, its window starting now, with its estimate); returns its
+    id."""
     batch = create_batch(
         session=session,
         tenant=tenant,
@@ -235,6 +262,10 @@ def _new_batch(
     batch.expires_at = batch.created_at + timedelta(hours=int(completion_window[:-1]))
     batch.output_expires_after = output_expires_after
     batch.retry_of = retry_of
+    if quote is not None:
+        batch.estimate = quote.view()
+        batch.estimated_engine_seconds = quote.engine_seconds
+        batch.estimated_completion_at = quote.completion_at
     return batch.id
 
 
@@ -285,6 +316,9 @@ def retry(
                 param="batch_id",
             )
         admit_or_refuse(ctx, "batch", offered=lines)
+        quote = price(ctx, tenant, batch_work(ctx, str(tmp), old.endpoint),
+                      window=body.completion_window or old.completion_window)
+        admit(ctx, quote)
         tmp.replace(path)
         with ctx.session_factory.begin() as session:
             lock_tenant(session=session, tenant=tenant)
@@ -307,6 +341,7 @@ def retry(
                 ),
                 retry_of=old.id,
                 callback_url=callback_url,
+                quote=quote,
             )
     except BaseException:
         tmp.unlink(missing_ok=True)  # refused or not recorded: keep no orphan bytes

@@ -17,8 +17,11 @@ from worker.store.crud.usage import usage_rows
 router = APIRouter(prefix="/v1/usage", tags=["usage"])
 
 GroupBy = Literal["batch", "day"]
-_START = Query(None, ge=0, description="Unix seconds; jobs that ended at or after it (default: all)")
-_END = Query(None, ge=0, description="Unix seconds; jobs that ended before it (default: now on)")
+LAST_SECOND = 253_402_300_799  # 9999-12-31T23:59:59Z, the last instant a datetime holds
+_START = Query(None, ge=0, le=LAST_SECOND,
+               description="Unix seconds; jobs that ended at or after it (default: all)")
+_END = Query(None, ge=0, le=LAST_SECOND,
+             description="Unix seconds; jobs that ended before it (default: now on)")
 _GROUP = Query(None, description="one row per batch (``batch_id`` null for jobs submitted "
                                  "alone) or per UTC day (``day``: YYYY-MM-DD); default: one row")
 

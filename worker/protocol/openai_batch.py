@@ -124,13 +124,6 @@ class GenerationRequest:
         """True for a /v1/chat/completions request."""
         return self.endpoint == CHAT_ENDPOINT
 
-    @property
-    def max_output_tokens(self) -> int | None:
-        """The output tokens the request allows, all its ``n`` samples together (None
-        when it names no ``max_tokens``: it runs to the model's context)."""
-        mt = self.params.max_tokens
-        return None if mt is None else mt * self.params.n
-
     def to_batch_input(self) -> dict[str, Any]:
         """The OpenAI Batch input line (as a dict) that parses back into this request."""
         return {"custom_id": self.custom_id, "method": "POST", "url": self.endpoint,
