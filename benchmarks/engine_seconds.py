@@ -1,7 +1,7 @@
 """Usage from the traces, checked against the clock: the engine-seconds of every job of a
 run add up to the time the worker was busy.
 
-    .venv/bin/python benchmarks/engine_seconds.py [--lines 500] [--model smollm2-135m]
+    .venv/bin/python benchmarks/engine_seconds.py [--lines 263] [--model smollm2-135m]
 
 A throwaway service (``benchmarks/service_stack.py``: its own PostgreSQL database, Redis
 prefix, ``inflight api`` and one ``inflight worker``) runs the first ``--lines`` of the
@@ -82,7 +82,7 @@ def measure(database_url: str, batch_id: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Run the warm-up and the measured batch; print the figures; 1 past the tolerance."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--lines", type=int, default=500, help="workload requests in the batch")
+    p.add_argument("--lines", type=int, default=263, help="workload requests in the batch (all: 263)")
     p.add_argument("--warmup", type=int, default=20, help="lines of the unrecorded warm-up")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--tolerance", type=float, default=0.02)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -44,6 +45,10 @@ class StepCosts:
 
 
 MIN_STEPS = 20  # fewer measured steps than this: no fit, no estimate
+WARM_STEPS = 8
+"""A worker's first steps are left out: a fresh engine's first step pays one-time costs
+(SmolLM2-135M's took 27 s on the 2-core test machine, against 1 s for as many rows later),
+which would price every prompt token at thirty times its cost."""
 
 
 def step_costs(
@@ -60,7 +65,7 @@ def step_costs(
             select(Iteration.num_prefill_tokens, Iteration.num_decode_tokens,
                    Iteration.num_interactive_tokens, Iteration.num_running,
                    Iteration.schedule_ms + Iteration.forward_ms + Iteration.sample_ms)
-            .where(Iteration.worker_id == worker_id)
+            .where(Iteration.worker_id == worker_id, Iteration.step >= WARM_STEPS)
             .order_by(Iteration.step.desc())
             .limit(steps_per_worker)
         )
@@ -80,10 +85,13 @@ def step_costs(
 
 def fit_step_cost(samples: list[tuple[int, int, float]]) -> tuple[float, float, float] | None:
     """``(step_s, prefill_s, decode_s)`` of ``t = step_s + prefill_s * p + decode_s * d``
-    over (p, d, t) samples, by least squares; without a fixed part when the fit makes it
-    negative; and where the steps vary too little to tell the parts apart (a coefficient
-    not positive), the accounting's own averages instead: each kind's share of the step
-    times over its rows, no fixed part. None with too few samples, or none of a kind."""
+    over (p, d, t) samples, by least squares, fitted again without the steps ten times
+    further from the first fit than the median step (a stall: another process had the
+    cores, the allocator grew). Where the steps vary too little to tell the
+    three apart (a coefficient negative, or a cost per row not positive), one cost for
+    every row and the fixed part; where even that fails, the accounting's own averages:
+    each kind's share of the step times over its rows, no fixed part. None with too few
+    samples, or none of a kind."""
     import numpy as np
 
     if len(samples) < MIN_STEPS or not any(p for p, _, _ in samples) \
@@ -91,11 +99,22 @@ def fit_step_cost(samples: list[tuple[int, int, float]]) -> tuple[float, float, 
         return None
     data = np.array(samples, dtype=float)  # [n, 3]: p, d, t
     p, d, t = data[:, 0], data[:, 1], data[:, 2]
-    coef = np.linalg.lstsq(np.column_stack([np.ones_like(p), p, d]), t, rcond=None)[0]
-    if coef[0] < 0:
-        coef = np.array([0.0, *np.linalg.lstsq(np.column_stack([p, d]), t, rcond=None)[0]])
-    if coef[1] > 0 and coef[2] > 0:
-        return float(coef[0]), float(coef[1]), float(coef[2])
+    one = np.ones_like(p)
+
+    def fit(*columns: Any) -> Any:
+        return np.linalg.lstsq(np.column_stack(columns), t, rcond=None)[0]
+
+    a, bp, bd = fit(one, p, d)
+    residual = np.abs(t - (a + bp * p + bd * d))
+    usual = residual <= 10 * max(float(np.median(residual)), 1e-9)  # a stall is no cost
+    if usual.sum() >= MIN_STEPS and not usual.all():
+        p, d, t, one = p[usual], d[usual], t[usual], one[usual]
+        a, bp, bd = fit(one, p, d)
+    if a >= 0 and bp > 0 and bd > 0:
+        return float(a), float(bp), float(bd)
+    a, b = fit(one, p + d)  # the kinds of row not told apart: one cost per row
+    if a >= 0 and b > 0:
+        return float(a), float(b), float(b)
     rows = p + d
     return 0.0, float((t * p / rows).sum() / p.sum()), float((t * d / rows).sum() / d.sum())
 
