@@ -37,17 +37,18 @@ from api.control.destinations import Destination, DestinationRefused, resolve
 from api.views import epoch, job_view
 from worker.store.base import utcnow
 from worker.store.crud.api_jobs import (
+    WEBHOOK_STATE,
     claim_due_webhooks,
     get_api_job,
-    record_webhook_attempt,
     webhook_lease,
 )
 from worker.store.crud.batch_events import (
+    BATCH_EVENT_STATE,
     batch_event_lease,
     claim_due_batch_events,
-    record_batch_event_attempt,
 )
 from worker.store.crud.batches import get_batch
+from worker.store.crud.deliveries import DeliveryColumns, record_attempt
 from worker.store.crud.jobs import get_job
 from worker.store.crud.leases import Lease
 from worker.store.crud.tenant_usage import webhook_secret
@@ -108,7 +109,7 @@ class Outbox:
     kind: str  # "job" or "batch", for the logs
     lease: Callable[[timedelta], Lease]
     claim: Callable[..., list[str]]
-    record: Callable[..., bool]
+    columns: DeliveryColumns  # where an attempt is recorded
     attempts: Callable[[Any, str], int | None]
     build: Callable[[Context, Any, str, int], Delivery | str]
 
@@ -130,10 +131,6 @@ def _job_delivery(ctx: Context, session: Any, job_id: str, attempts: int) -> Del
                "data": job_view(job, model_name=ctx.settings.model_name, meta=None)}
     return Delivery(url=meta.callback_url, tenant=meta.tenant, payload=payload, headers={
         "X-Inflight-Event": str(payload["type"]), "X-Inflight-Job-Id": job_id})
-
-
-def _record_job(*, key: str, **kw: Any) -> bool:
-    return record_webhook_attempt(job_id=key, **kw)
 
 
 def _batch_attempts(session: Any, batch_id: str) -> int | None:
@@ -164,13 +161,9 @@ def _batch_delivery(ctx: Context, session: Any, batch_id: str, attempts: int) ->
                         "X-Inflight-Batch-Id": batch_id})
 
 
-def _record_batch(*, key: str, **kw: Any) -> bool:
-    return record_batch_event_attempt(batch_id=key, **kw)
-
-
-JOBS = Outbox("job", webhook_lease, claim_due_webhooks, _record_job, _job_attempts,
+JOBS = Outbox("job", webhook_lease, claim_due_webhooks, WEBHOOK_STATE, _job_attempts,
               _job_delivery)
-BATCHES = Outbox("batch", batch_event_lease, claim_due_batch_events, _record_batch,
+BATCHES = Outbox("batch", batch_event_lease, claim_due_batch_events, BATCH_EVENT_STATE,
                  _batch_attempts, _batch_delivery)
 
 
@@ -260,7 +253,8 @@ def deliver_one(ctx: Context, *, box: Outbox, lease: Lease, key: str) -> str:
                   ctx.settings.webhook_total_timeout)
     if error is None:
         with ctx.session_factory.begin() as session:
-            written = box.record(session=session, lease=lease, key=key, delivered=True)
+            written = record_attempt(session=session, lease=lease, columns=box.columns,
+                                     key=key, delivered=True)
         return "delivered" if written else "lost"
     give_up = attempts + 1 >= ctx.settings.webhook_max_attempts
     return _recorded(ctx, box, lease, key, attempts, error, give_up=give_up)
@@ -284,9 +278,10 @@ def _record(
     holds the row; False when it no longer does (nothing written)."""
     delay = ctx.settings.webhook_backoff * (2**attempts)
     with ctx.session_factory.begin() as session:
-        written = box.record(
+        written = record_attempt(
             session=session,
             lease=lease,
+            columns=box.columns,
             key=key,
             delivered=False,
             error=error,

@@ -8,8 +8,9 @@ from __future__ import annotations
 import math
 import random
 
+from tests.engine.test_iteration_scheduling import drain
 from tests.engine.test_policies import make_scheduler, make_seq, step
-from worker.engine import LLMEngine, RequestOutput, SamplingParams, StepStats
+from worker.engine import LLMEngine, SamplingParams
 from worker.engine.scheduling_policy import next_waiting
 from worker.engine.step_cost import split_seconds
 
@@ -29,17 +30,6 @@ def test_the_shares_of_a_step_add_up_to_its_time() -> None:
     assert split_seconds(0.5, {}) == {}
 
 
-def _run(engine: LLMEngine) -> tuple[dict[str, RequestOutput], list[StepStats]]:
-    done: dict[str, RequestOutput] = {}
-    steps: list[StepStats] = []
-    while engine.has_unfinished_requests():
-        outputs, stats = engine.step()
-        steps.append(stats)
-        done.update({o.request_id: o for o in outputs if o.finished})
-        assert len(steps) < 500
-    return done, steps
-
-
 def test_each_request_is_charged_its_computed_rows_and_cached_ones_cost_nothing() -> None:
     engine = LLMEngine(model="tiny-llama", num_kv_blocks=128, max_num_seqs=8,
                        max_num_batched_tokens=64)
@@ -49,9 +39,9 @@ def test_each_request_is_charged_its_computed_rows_and_cached_ones_cost_nothing(
     engine.add_request("plain", list(range(100, 140)), greedy)
     engine.add_request("samples", [3, 4, 5, 6], SamplingParams(n=3, temperature=1.0, seed=2,
                                                                max_tokens=5, ignore_eos=True))
-    done, steps = _run(engine)
+    done, steps = drain(engine)
     engine.add_request("second", [*shared, 8, 9], greedy)  # its prefix is cached now
-    later, more = _run(engine)
+    later, more = drain(engine)
     done.update(later)
     steps += more
     rows: dict[str, int] = {}
@@ -100,7 +90,7 @@ def test_an_engine_seconds_ledger_is_charged_the_steps_time() -> None:
         engine.add_request(f"r{i}", [5 + i, 6, 7, 8], SamplingParams(max_tokens=4 + i,
                                                                      ignore_eos=True),
                            tenant=tenant)
-    _, steps = _run(engine)
+    _, steps = drain(engine)
     served = engine.scheduler.ledger.served
     assert set(served) == {"a", "b", "c"}
     assert math.isclose(sum(served.values()), sum(s.seconds for s in steps if s.work),

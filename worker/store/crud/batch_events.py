@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from worker.store.base import utcnow
 from worker.store.crud.batch_admin import ENDED
+from worker.store.crud.deliveries import DeliveryColumns
 from worker.store.crud.leases import Lease, LeaseColumns
 from worker.store.models import Batch
 
@@ -49,25 +50,7 @@ def claim_due_batch_events(
     return ids
 
 
-def record_batch_event_attempt(
-    *,
-    session: Session,
-    lease: Lease,
-    batch_id: str,
-    delivered: bool,
-    error: str | None = None,
-    next_at: datetime | None = None,
-    give_up: bool = False,
-) -> bool:
-    """Count one delivery attempt of a batch's event (delivered, retried at ``next_at``, or
-    failed for good) and release the lease; False (nothing written) when the lease ran
-    out and another claimer holds the row."""
-    state = "delivered" if delivered else ("failed" if give_up else "pending")
-    return lease.write(
-        session,
-        batch_id,
-        webhook_state=state,
-        webhook_attempts=Batch.webhook_attempts + 1,
-        webhook_next_at=next_at,
-        webhook_error=error,
-    )
+BATCH_EVENT_STATE = DeliveryColumns(  # attempts: deliveries.record_attempt
+    state=Batch.webhook_state, attempts=Batch.webhook_attempts, error=Batch.webhook_error
+)
+
