@@ -92,6 +92,11 @@ def test_engine_seconds_of_all_jobs_add_up_to_the_steps(env: ApiEnv, tmp_path: A
     assert u["total_tokens"] == u["input_tokens"] + u["output_tokens"]
     assert u["input_tokens_details"]["cached_tokens"] == sum(j.cached_tokens or 0 for j in mine)
     assert math.isclose(u["engine_seconds"], sum(j.engine_seconds for j in mine), abs_tol=1e-5)
+    from openai.types import Batch  # OpenAI's SDK reads the batch object, usage and all
+
+    sdk = Batch.model_validate(done)
+    assert sdk.usage is not None and sdk.usage.input_tokens_details.cached_tokens == (
+        u["input_tokens_details"]["cached_tokens"])
     # the tenant's usage, by batch: the batch and the jobs submitted alone
     r = env.client.get("/v1/usage", headers=h, params={"group_by": "batch"})
     assert r.status_code == 200, r.text
