@@ -28,6 +28,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
         health,
         jobs,
         models,
+        usage,
         webhook_secret,
         workers,
     )
@@ -74,6 +75,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
         BodySizeLimit, json_limit=settings.max_body_bytes, file_limit=settings.max_file_bytes
     )
     app.add_middleware(TracingMiddleware)  # outermost: the span covers the whole request
-    for module in (health, jobs, completions, batches, files, models, workers, webhook_secret):
+    for module in (health, jobs, completions, batches, files, models, workers, webhook_secret,
+                   usage):
         app.include_router(module.router)
     return app

@@ -12,6 +12,7 @@ from api.grammar_check import GrammarChecker
 from api.model_cache import ModelCache
 from api.settings import Settings
 from api.storage import Storage
+from api.tokenizer import PromptCounter
 from worker.engine.grammar_service import GrammarService
 from worker.queue.keys import QueueKeys
 
@@ -29,6 +30,8 @@ class Context:
     read_session_factory: sessionmaker[Session] | None = None
     grammar: GrammarChecker = field(default_factory=GrammarChecker)  # started on first use
     models: ModelCache = field(default_factory=ModelCache)  # which models workers served
+    # exact prompt tokens for the estimates (the tokenizer is read on first use)
+    prompt_tokens: PromptCounter = field(default_factory=lambda: PromptCounter(None))
 
     @property
     def reads(self) -> sessionmaker[Session]:
@@ -70,4 +73,5 @@ def make_context(settings: Settings) -> Context:
             timeout_s=settings.grammar_timeout, max_concurrent=settings.grammar_concurrency,
             wait_s=settings.grammar_wait,
         )),
+        prompt_tokens=PromptCounter(settings.tokenizer),
     )

@@ -30,9 +30,10 @@ class ApiError(Exception):
         param: str | None = None,
         type: str | None = None,
         headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
-        self.headers = headers
+        self.extra = extra  # fields of the error object beyond OpenAI's four
         self.status = status
         self.message = message
         self.code = code
@@ -104,9 +105,11 @@ def error_response(
     param: str | None = None,
     type: str | None = None,
     headers: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> JSONResponse:
-    """A JSONResponse carrying an OpenAI error object."""
-    body = {"error": error_object(message, code=code, param=param, type=type or _type_for(status))}
+    """A JSONResponse carrying an OpenAI error object (with ``extra`` fields, if any)."""
+    error = error_object(message, code=code, param=param, type=type or _type_for(status))
+    body = {"error": {**error, **(extra or {})}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -145,6 +148,7 @@ def install_error_handlers(app: FastAPI) -> None:
             param=exc.param,
             type=exc.type,
             headers=exc.headers,
+            extra=exc.extra,
         )
 
     @app.exception_handler(InvalidRequestError)

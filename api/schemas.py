@@ -24,6 +24,12 @@ class StoredBody(BaseModel):
         return data
 
 
+def callback_url_field(description: str) -> Any:
+    """The ``callback_url`` field of a job or batch: an http(s) URL (its host is checked
+    when it is submitted, and again at each delivery)."""
+    return Field(None, max_length=2048, pattern=r"^https?://[^\s]+$", description=description)
+
+
 class JobCreate(StoredBody):
     """An OpenAI chat-completions or completions body (``messages`` or ``prompt`` and the
     sampling fields, at the top level) plus the job fields below."""
@@ -53,13 +59,11 @@ class JobCreate(StoredBody):
         max_length=255,
         description="the same key returns the same job (also the Idempotency-Key header)",
     )
-    callback_url: str | None = Field(
-        None,
-        max_length=2048,
-        pattern=r"^https?://[^\s]+$",
-        description="POSTed the job object when it ends",
-    )
+    callback_url: str | None = callback_url_field("POSTed the job object when it ends")
     queue_class: Literal["interactive", "batch"] = "interactive"
+    dry_run: bool = Field(
+        False, description="answer the estimate (prompt and output tokens, engine-seconds, "
+                           "completion time) and create nothing")
 
 
 EXPIRES_MIN_S = 3600  # OpenAI's bounds of expires_after.seconds: one hour ...
@@ -87,6 +91,12 @@ class BatchCreate(StoredBody):
     output_expires_after: ExpiresAfter | None = Field(
         None, description="the output and error files expire this long after their creation"
     )
+    callback_url: str | None = callback_url_field(
+        "POSTed the batch's event (OpenAI's batch.completed, .failed, .expired, .cancelled) "
+        "when it ends, signed")
+    dry_run: bool = Field(
+        False, description="answer the estimate (prompt and output tokens, engine-seconds, "
+                           "completion time) and create nothing")
 
 
 class BatchRetry(StoredBody):
@@ -98,6 +108,8 @@ class BatchRetry(StoredBody):
     completion_window: str | None = Field(None, pattern=r"^[1-9][0-9]{0,3}h$")
     metadata: dict[str, str] | None = Field(None, max_length=16)
     output_expires_after: ExpiresAfter | None = None
+    callback_url: str | None = callback_url_field("the batch's event goes here (default: "
+                                                  "the retried batch's)")
 
 
 JOB_META_FIELDS = frozenset(JobCreate.model_fields)

@@ -118,6 +118,12 @@ class Settings:
     # POST /v1/chat/completions and /v1/completions: longest wait for the job (then 504
     # and the job is cancelled, unless the request detached it)
     completion_timeout: float = 600.0
+    # Estimates (api/control/estimate.py): the checkpoint whose tokenizer counts prompt
+    # tokens (a --model spec or a checkpoint directory on this machine; unset or absent:
+    # the UTF-8 bound), and whether POST /v1/batches refuses a window the estimate cannot
+    # meet (400 completion_window_unmeetable) or admits it all the same (best effort)
+    tokenizer: str | None = "smollm2-135m"
+    deadline_admission: bool = True
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -168,6 +174,8 @@ class Settings:
             grammar_concurrency=_env_int("INFLIGHT_GRAMMAR_CONCURRENCY", 2),
             grammar_wait=_env_float("INFLIGHT_GRAMMAR_WAIT", 1.0),
             completion_timeout=_env_float("INFLIGHT_COMPLETION_TIMEOUT", 600.0),
+            tokenizer=os.environ.get("INFLIGHT_TOKENIZER", "smollm2-135m") or None,
+            deadline_admission=_env_bool("INFLIGHT_DEADLINE_ADMISSION", True),
         )
         for name, value in overrides.items():
             if value is not None:

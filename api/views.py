@@ -14,6 +14,7 @@ from worker.protocol.openai_batch import (
     split_stored,
 )
 from worker.store.crud.served_models import ServedModel
+from worker.store.crud.usage import UsageTotals
 from worker.store.models import ApiJob, Batch, Job, StoredFile
 
 
@@ -64,6 +65,20 @@ def usage(job: Job) -> dict[str, int] | None:
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
+def job_usage(job: Job) -> dict[str, Any] | None:
+    """The job object's usage: the tokens, the prompt tokens the prefix cache served
+    (``prompt_tokens_details.cached_tokens``, as OpenAI's) and the job's engine-seconds
+    (its share of the wall time of the engine steps it computed in); null until known."""
+    tokens = usage(job)
+    if tokens is None:
+        return None
+    return {
+        **tokens,
+        "prompt_tokens_details": {"cached_tokens": job.cached_tokens or 0},
+        "engine_seconds": job.engine_seconds,
+    }
+
+
 def job_view(
     job: Job, *, model_name: str, meta: ApiJob | None = None, full: bool = True,
     request: tuple[str, dict[str, Any]] | None = None,
@@ -93,7 +108,7 @@ def job_view(
         "user": body.get("user"),
         "worker_id": job.worker_id,
         "isolation": job.isolation,
-        "usage": usage(job),
+        "usage": job_usage(job),
         "error": (
             {"message": job.error, "type": "job_error", "code": job.status} if job.error else None
         ),
@@ -134,8 +149,28 @@ def file_view(row: StoredFile) -> dict[str, Any]:
     }
 
 
-def batch_view(batch: Batch, counts: dict[str, int] | None = None) -> dict[str, Any]:
-    """The OpenAI Batch object; ``counts`` overrides the stored request counts."""
+def usage_view(totals: UsageTotals) -> dict[str, Any]:
+    """OpenAI's usage object of a batch (``input_tokens``, ``output_tokens``,
+    ``total_tokens`` and their details: the prompt tokens the prefix cache served as
+    ``cached_tokens``; ``reasoning_tokens`` 0, as the engine tells no reasoning apart),
+    plus ``engine_seconds`` (the jobs' shares of the engine steps' wall time)."""
+    return {
+        "input_tokens": totals.input_tokens,
+        "input_tokens_details": {"cached_tokens": totals.cached_tokens},
+        "output_tokens": totals.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": totals.input_tokens + totals.output_tokens,
+        "engine_seconds": round(totals.engine_seconds, 6),
+    }
+
+
+def batch_view(
+    batch: Batch, counts: dict[str, int] | None = None, usage: UsageTotals | None = None
+) -> dict[str, Any]:
+    """The OpenAI Batch object; ``counts`` overrides the stored request counts, ``usage``
+    the usage stored when it was finalized (null until then, unless given)."""
+    if usage is None and batch.usage is not None:
+        usage = UsageTotals.from_dict(batch.usage)
     c = counts or {
         "total": batch.request_total,
         "completed": batch.request_completed,
@@ -169,6 +204,16 @@ def batch_view(batch: Batch, counts: dict[str, int] | None = None) -> dict[str, 
             else None
         ),
         "retry_of": batch.retry_of,
+        "usage": usage_view(usage) if usage is not None else None,
+        # re-estimated by the beat while it runs (api/control/estimate.py); null when no
+        # live worker's throughput is known
+        "estimated_completion_at": epoch(batch.estimated_completion_at),
+        "callback_url": batch.callback_url,
+        "webhook": (
+            {"state": batch.webhook_state, "attempts": batch.webhook_attempts,
+             "last_error": batch.webhook_error}
+            if batch.callback_url else None
+        ),
     }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 # flag dest -> EngineArgs field (the same name)
 _ENGINE_FIELDS = (
     "model", "dtype", "device", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-    "num_kv_blocks", "kv_cache_memory", "commit_kv_pool", "block_size", "policy",
+    "num_kv_blocks", "kv_cache_memory", "commit_kv_pool", "block_size", "policy", "fair_share",
     "enable_prefix_caching",
     "enable_chunked_prefill", "attention_backend", "seed", "num_threads", "prepack_weights",
     "num_speculative_tokens", "speculative_max_rows",
@@ -67,6 +67,10 @@ def add_engine_flags(parser: argparse.ArgumentParser, *, default_model: str = "s
     g.add_argument("--block-size", type=int, metavar="N", help="tokens per KV block (default: 16)")
     g.add_argument("--policy", choices=("fcfs", "static", "static-padded", "priority", "sjf", "fair"),
                    help="scheduling policy (default: fcfs)")
+    g.add_argument("--fair-share", choices=("tokens", "engine_seconds"),
+                   help="fair policy: serve next the tenant served least in tokens computed "
+                        "or in engine-seconds (each step's time split by rows; default: "
+                        "tokens)")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="reuse the KV of shared prompt prefixes (default: on; "
                         "--no-enable-prefix-caching turns it off)")

@@ -31,6 +31,7 @@ BEAT_SCHEDULE: dict[str, float] = {
     "inflight.expire_batches": 60.0,
     "inflight.prune_iterations": 3600.0,
     "inflight.delete_expired_files": 60.0,
+    "inflight.refresh_estimates": 30.0,
 }
 
 
@@ -54,7 +55,7 @@ def make_celery(settings: Settings, get_ctx: Callable[[], Context]) -> Celery:
 
 
 def _register(app: Celery, get_ctx: Callable[[], Context]) -> None:
-    from api.control import expand, finalize, maintenance, webhooks
+    from api.control import estimate, expand, finalize, maintenance, webhooks
 
     # acks_late + reject_on_worker_lost: a Celery child killed mid-expansion puts the task
     # back on the broker; any exception retries with backoff. Both resume after the last
@@ -118,6 +119,11 @@ def _register(app: Celery, get_ctx: Callable[[], Context]) -> None:
     def prune_iterations() -> dict[str, int]:
         """Retention: iteration rows, then finished jobs' results and rows."""
         return maintenance.apply_retention(get_ctx())
+
+    @app.task(name="inflight.refresh_estimates", shared=False)
+    def refresh_estimates() -> int:
+        """Each open batch's estimated_completion_at, at the throughput of now."""
+        return estimate.refresh_estimates(get_ctx())
 
     # no retries: a failed run leaves its files for the next beat, a minute later
     @app.task(name="inflight.delete_expired_files", shared=False)

@@ -24,6 +24,7 @@ from worker.store.crud.batch_admin import (
 )
 from worker.store.crud.batches import get_batch
 from worker.store.crud.files import create_file, new_file_id
+from worker.store.crud.usage import UsageTotals
 from worker.store.models import Job
 
 _FINAL_OF = {
@@ -72,7 +73,8 @@ def _finalize(ctx: Context, batch_id: str, expiring: bool, lock: RenewableLock) 
             set_batch_status(session=session, batch_id=batch_id, status="finalizing")
         tenant, expires_after = batch.tenant, batch.output_expires_after
     final = "expired" if expiring else _FINAL_OF[status]
-    out_id, err_id, counts = _write_files(ctx, batch_id, tenant, final, lock, expires_after)
+    out_id, err_id, counts, usage = _write_files(ctx, batch_id, tenant, final, lock,
+                                                 expires_after)
     with ctx.session_factory.begin() as session:
         lock.renew()  # still ours: nobody else finalized meanwhile
         batch = get_batch(session=session, batch_id=batch_id)
@@ -82,6 +84,7 @@ def _finalize(ctx: Context, batch_id: str, expiring: bool, lock: RenewableLock) 
         batch.request_total = counts["total"]
         batch.request_completed = counts["completed"]
         batch.request_failed = counts["failed"]
+        batch.usage = usage.as_dict()
         set_batch_status(session=session, batch_id=batch_id, status=final)
     staging_path(ctx, batch_id).unlink(missing_ok=True)  # its lines are in the error file now
     return final
@@ -90,8 +93,9 @@ def _finalize(ctx: Context, batch_id: str, expiring: bool, lock: RenewableLock) 
 def _write_files(
     ctx: Context, batch_id: str, tenant: str, final: str, lock: RenewableLock,
     expires_after: int | None = None,
-) -> tuple[str | None, str | None, dict[str, int]]:
+) -> tuple[str | None, str | None, dict[str, int], UsageTotals]:
     staged = read_errors(ctx, batch_id)
+    usage = UsageTotals()
     out_id, err_id = new_file_id(), new_file_id()
     out_tmp, out_path = ctx.storage.writer(tenant=tenant, file_id=out_id)
     err_tmp, err_path = ctx.storage.writer(tenant=tenant, file_id=err_id)
@@ -120,6 +124,7 @@ def _write_files(
                 for job in jobs:
                     flush_staged(line_of_job(job.id))
                     counts["total"] += 1
+                    usage.add(job)
                     line = _job_line(ctx, job)
                     if job.status == "succeeded" and line is not None:
                         out.write(line + "\n")
@@ -140,7 +145,7 @@ def _write_files(
                             f"{batch_id}_output.jsonl", n_out, expires_after)
         err_file = _publish(session, tenant, err_id, err_tmp, err_path,
                             f"{batch_id}_error.jsonl", n_err, expires_after)
-    return out_file, err_file, counts
+    return out_file, err_file, counts, usage
 
 
 def _publish(session: Any, tenant: str, file_id: str, tmp: Path, path: Path, filename: str,

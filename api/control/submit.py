@@ -144,8 +144,16 @@ def new_job(ctx: Context, sub: Submission, seen: set[str | None] | None = None) 
     job_id = sub.job_id or (keyed_job_id(sub.batch_id, custom_id or "") if sub.batch_id
                             else new_job_id())
     job = NewJob(id=job_id, request=stored, tenant=sub.tenant, queue_class=sub.queue_class,
-                 model=model, priority=sub.priority, custom_id=custom_id, batch_id=sub.batch_id)
+                 model=model, priority=sub.priority, custom_id=custom_id, batch_id=sub.batch_id,
+                 max_tokens=allowed_output_tokens(req))
     return Checked(req, job)
+
+
+def allowed_output_tokens(req: GenerationRequest) -> int | None:
+    """The output tokens a request allows, all its ``n`` samples together (None when it
+    names no ``max_tokens``: it runs to the model's context)."""
+    mt = req.params.max_tokens
+    return None if mt is None else mt * req.params.n
 
 
 def _parse(sub: Submission) -> GenerationRequest:
@@ -183,6 +191,17 @@ def _custom_id(sub: Submission, req: GenerationRequest, seen: set[str | None] | 
     return custom_id
 
 
+def check_callback_url(ctx: Context, url: str | None) -> None:
+    """400 ``invalid_callback_url`` unless every address ``url``'s host resolves to may be
+    POSTed to (public, or a host the operator allows; ``api/control/destinations.py``)."""
+    if url is not None:
+        try:
+            resolve(url, allow_hosts=ctx.settings.webhook_allow_hosts)
+        except DestinationRefused as exc:
+            raise ApiError(400, str(exc), code="invalid_callback_url",
+                           param="callback_url") from None
+
+
 def _check(ctx: Context, sub: Submission, req: GenerationRequest) -> None:
     """The checks past parsing: the idempotency keys and the callback URL (400), the
     token limits (400), the structured-output constraint (400, or 503 when the grammar
@@ -190,13 +209,7 @@ def _check(ctx: Context, sub: Submission, req: GenerationRequest) -> None:
     for param, key in (("Idempotency-Key", sub.key_header), ("idempotency_key", sub.key_field)):
         if key is not None:
             check_id(key, param=param)
-    if sub.callback_url is not None:
-        try:
-            resolve(sub.callback_url, allow_hosts=ctx.settings.webhook_allow_hosts)
-        except DestinationRefused as exc:
-            raise ApiError(
-                400, str(exc), code="invalid_callback_url", param="callback_url"
-            ) from None
+    check_callback_url(ctx, sub.callback_url)
     check_request_limits(
         req,
         max_prompt_tokens=ctx.settings.max_prompt_tokens,

@@ -16,9 +16,11 @@ from sqlalchemy.orm import Session
 from api.admission import admit_or_refuse
 from api.context import Context
 from api.control.celery_app import send
+from api.control.estimate import Quote, admit, batch_work, price
 from api.control.input_lines import count_lines
 from api.control.models import model_of_batch_file, resolve_model
 from api.control.retry_lines import write_retry_file
+from api.control.submit import check_callback_url
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, idempotency_key_reused, known_id, not_found
 from api.openapi_links import links_to
@@ -33,6 +35,7 @@ from worker.store.crud.batches import create_batch, find_by_idempotency_key
 from worker.store.crud.files import create_file, get_file, new_file_id
 from worker.store.crud.jobs import count_by_status
 from worker.store.crud.tenant_usage import lock_tenant
+from worker.store.crud.usage import batch_usage
 from worker.store.models import Batch
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -45,19 +48,25 @@ def _owned(ctx: Context, tenant: str, batch_id: str) -> Batch:
 
 
 def _live_view(ctx: Context, batch: Batch) -> tuple[dict[str, Any], bool]:
-    """The batch object with request counts as of now, and whether it can be finalized."""
+    """The batch object with request counts and usage as of now, and whether it can be
+    finalized."""
     if batch.status not in _LIVE:
+        if batch.usage is None:  # ended without a finalize (failed at expansion)
+            with ctx.reads() as session:
+                return batch_view(batch, usage=batch_usage(session=session,
+                                                           batch_id=batch.id)), False
         return batch_view(batch), False
     with ctx.session_factory() as session:
         counts = count_by_status(session=session, batch_id=batch.id)
-        progress = get_progress(session=session, batch_id=batch.id)
+        usage = batch_usage(session=session, batch_id=batch.id)
+        progress = get_progress(session=session, batch_id=batch.id)  # may add a row: last
         invalid, expanded = progress.invalid_lines or 0, bool(progress.expanded)
         session.rollback()
     failed = counts.get("failed", 0) + counts.get("cancelled", 0) + invalid
     live = {"total": batch.request_total, "completed": counts.get("succeeded", 0), "failed": failed}
     open_jobs = counts.get("queued", 0) + counts.get("running", 0)
     ready = open_jobs == 0 and (expanded or batch.status == "cancelling")
-    return batch_view(batch, live), ready and batch.status != "validating"
+    return batch_view(batch, live, usage), ready and batch.status != "validating"
 
 
 def _input_path(session: Session, tenant: str, file_id: str) -> str:
@@ -144,6 +153,8 @@ def create(
     With an ``Idempotency-Key`` a repeat of the request answers the batch the first one
     created (200, ``Idempotent-Replayed: true``) and creates nothing; the same key with a
     different request is a 409 ``idempotency_key_reused``."""
+    if payload.dry_run:
+        return _quote(ctx, tenant, payload)
     key = idempotency_key
     digest = _digest(payload)
     if key is not None:
@@ -151,21 +162,13 @@ def create(
         earlier = _replayed(ctx, tenant, key, digest)
         if earlier is not None:
             return _replay(ctx, earlier)
-    known_id("file", payload.input_file_id, param="input_file_id")
-    with ctx.session_factory() as session:
-        path = _input_path(session, tenant, payload.input_file_id)
+    check_callback_url(ctx, payload.callback_url)
+    path, lines = _counted_input(ctx, tenant, payload.input_file_id)
     model = model_of_batch_file(ctx, path)  # 404/400 when no worker serves it
-    admit_or_refuse(ctx, "batch", model=model)  # 429/503 before anything is written or counted
-    lines = count_lines(path, stop_after=ctx.settings.max_batch_lines)
-    if lines > ctx.settings.max_batch_lines:
-        raise ApiError(
-            400,
-            f"the file has more than {ctx.settings.max_batch_lines} lines, the limit per "
-            "batch; split it into several batches",
-            code="too_many_lines",
-            param="input_file_id",
-        )
-    admit_or_refuse(ctx, "batch", offered=lines, model=model)
+    admit_or_refuse(ctx, "batch", offered=lines, model=model)  # 429/503, nothing written yet
+    quote = price(ctx, tenant, batch_work(ctx, path, payload.endpoint),
+                  window=payload.completion_window)
+    admit(ctx, quote)  # 400 completion_window_unmeetable
     try:
         with ctx.session_factory.begin() as session:
             lock_tenant(session=session, tenant=tenant)  # DELETE /v1/files/{id} takes it too
@@ -188,6 +191,8 @@ def create(
                 ),
                 idempotency_key=key,
                 request_digest=digest if key is not None else None,
+                callback_url=payload.callback_url,
+                quote=quote,
             )
     except (_KeyTaken, IntegrityError):
         # a concurrent first request with the same key committed its batch first (seen
@@ -199,6 +204,36 @@ def create(
     view = _live_view(ctx, _owned(ctx, tenant, batch_id))[0]  # as created: validating
     request.app.state.dispatcher.submit("inflight.expand_batch", batch_id)
     return view
+
+
+def _counted_input(ctx: Context, tenant: str, file_id: str) -> tuple[str, int]:
+    """The path of the tenant's batch input ``file_id`` and its lines; 400
+    ``too_many_lines`` past the limit (counted streaming, nothing kept)."""
+    known_id("file", file_id, param="input_file_id")
+    with ctx.session_factory() as session:
+        path = _input_path(session, tenant, file_id)
+    lines = count_lines(path, stop_after=ctx.settings.max_batch_lines)
+    if lines > ctx.settings.max_batch_lines:
+        raise ApiError(
+            400,
+            f"the file has more than {ctx.settings.max_batch_lines} lines, the limit per "
+            "batch; split it into several batches",
+            code="too_many_lines",
+            param="input_file_id",
+        )
+    return path, lines
+
+
+def _quote(ctx: Context, tenant: str, payload: BatchCreate) -> dict[str, Any]:
+    """A dry run: the estimate of the batch the request would create (the same checks of
+    its file and callback URL), and nothing created, counted or published."""
+    check_callback_url(ctx, payload.callback_url)
+    path, _ = _counted_input(ctx, tenant, payload.input_file_id)
+    model_of_batch_file(ctx, path)  # 404/400 as the batch itself would get
+    quote = price(ctx, tenant, batch_work(ctx, path, payload.endpoint),
+                  window=payload.completion_window)
+    return {"object": "batch.quote", "input_file_id": payload.input_file_id,
+            "endpoint": payload.endpoint, **quote.view()}
 
 
 def _new_batch(
@@ -214,8 +249,11 @@ def _new_batch(
     retry_of: str | None = None,
     idempotency_key: str | None = None,
     request_digest: str | None = None,
+    callback_url: str | None = None,
+    quote: Quote | None = None,
 ) -> str:
-    """Add a batch (validating, its window starting now); returns its id."""
+    """Add a batch (validating, its window starting now, with its estimate); returns its
+    id."""
     batch = create_batch(
         session=session,
         tenant=tenant,
@@ -225,12 +263,17 @@ def _new_batch(
         metadata=metadata,
         idempotency_key=idempotency_key,
         request_digest=request_digest,
+        callback_url=callback_url,
     )
     batch.created_at = utcnow()
     batch.expires_at = batch.created_at + timedelta(hours=int(completion_window[:-1]))
     batch.output_expires_after = output_expires_after
     batch.retry_of = retry_of
     batch.model = model
+    if quote is not None:
+        batch.estimate = quote.view()
+        batch.estimated_engine_seconds = quote.engine_seconds
+        batch.estimated_completion_at = quote.completion_at
     return batch.id
 
 
@@ -266,6 +309,9 @@ def retry(
         )
     body = payload or BatchRetry.model_validate({})
     model = resolve_model(ctx, old.model) if old.model else None  # 404: no worker serves it
+    callback_url = (body.callback_url if "callback_url" in body.model_fields_set
+                    else old.callback_url)
+    check_callback_url(ctx, callback_url)
     if model is not None:
         admit_or_refuse(ctx, "batch", model=model)
     file_id = new_file_id()
@@ -281,6 +327,9 @@ def retry(
             )
         model = model or model_of_batch_file(ctx, str(tmp))  # a batch from before 0014
         admit_or_refuse(ctx, "batch", offered=lines, model=model)
+        quote = price(ctx, tenant, batch_work(ctx, str(tmp), old.endpoint),
+                      window=body.completion_window or old.completion_window)
+        admit(ctx, quote)
         tmp.replace(path)
         with ctx.session_factory.begin() as session:
             lock_tenant(session=session, tenant=tenant)
@@ -303,6 +352,8 @@ def retry(
                     else old.output_expires_after
                 ),
                 retry_of=old.id,
+                callback_url=callback_url,
+                quote=quote,
             )
     except BaseException:
         tmp.unlink(missing_ok=True)  # refused or not recorded: keep no orphan bytes

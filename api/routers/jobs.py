@@ -8,7 +8,8 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 
 from api.context import Context
-from api.control.submit import Submission, submit_job
+from api.control.estimate import price, request_work
+from api.control.submit import Submission, new_job, submit_job
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, known_id, not_found
 from api.openapi_links import links_to
@@ -47,7 +48,8 @@ def _view(ctx: Context, job: Job) -> dict[str, Any]:
     status_code=201,
     operation_id="createJob",
     responses={
-        200: {"description": "idempotent replay"},
+        200: {"description": "idempotent replay; or, with ``dry_run``, the estimate "
+                             "(``job.quote``)"},
         201: {"description": "the job, queued", "model": JobObject,
               "links": links_to("job_id", "getJob", "cancelJob")},
     },
@@ -59,8 +61,17 @@ def create_job(
     ctx: CtxDep,
     tenant: TenantDep,
 ) -> JSONResponse:
-    """Submit one chat-completions or completions request as a job."""
-    done = submit_job(ctx, Submission.of_job(payload, tenant=tenant, key_header=idempotency_key))
+    """Submit one chat-completions or completions request as a job. With ``dry_run`` the
+    request is checked as a submission is and answered with its estimate (200,
+    ``job.quote``); nothing is created, counted or published."""
+    sub = Submission.of_job(payload, tenant=tenant, key_header=idempotency_key)
+    if payload.dry_run:
+        checked = new_job(ctx, sub)
+        quote = price(ctx, tenant, request_work(ctx, [checked.request]), window=None,
+                      interactive=payload.queue_class == "interactive")
+        return JSONResponse({"object": "job.quote", "queue_class": payload.queue_class,
+                             **quote.view()}, status_code=200)
+    done = submit_job(ctx, sub)
     view = job_view(done.job, model_name=ctx.settings.model_name, meta=done.meta,
                     request=(done.request.endpoint, done.request.body))
     if done.replayed:

@@ -172,6 +172,8 @@ class Admission:
             if hits:
                 bm.take_cached(seq, hits)
                 out.num_cached_tokens += len(hits) * bm.block_size
+                if seq.metrics.first_scheduled_time is None:  # not a recompute's hits again
+                    seq.metrics.num_cached_tokens = len(hits) * bm.block_size
             bm.grow(seq, computed + num_new)
             if self.swap is not None:
                 self.swap.swap_in(seq)  # its swapped KV is copied into the new blocks

@@ -8,6 +8,7 @@ from worker.protocol.sampling_params import InvalidRequestError
 
 SERVICE_CLASSES = ("interactive", "batch")
 POLICIES = ("fcfs", "static", "static-padded", "priority", "sjf", "fair")
+FAIR_SHARES = ("tokens", "engine_seconds")  # what the fair policy's ledger counts
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB: about 23k tokens of SmolLM2-135M in fp32
 # ...but never fewer tokens than this: a model with wider KV per token (Qwen3-0.6B: 224 KiB
 # in fp32, 4.7k tokens in 1 GiB) would otherwise preempt all the time. The CPU pool is only
@@ -35,7 +36,10 @@ class EngineArgs:
     # the peak blocks in use and freed blocks are reused first. Always committed on CUDA.
     commit_kv_pool: bool = False
     enable_chunked_prefill: bool = True
-    tenant_weights: dict[str, float] | None = None  # fair policy: share of served tokens
+    tenant_weights: dict[str, float] | None = None  # fair policy: share of what is served
+    # fair policy: what a tenant is served, "tokens" computed or "engine_seconds" (each
+    # step's wall time split by rows, worker.engine.step_cost)
+    fair_share: str = "tokens"
     attention_backend: str | None = None  # "torch" | "cpu" | "triton"; None picks by device
     decode_graphs: bool | None = None  # CUDA graphs for decode steps; None: on with CUDA
     seed: int = 0
@@ -83,6 +87,9 @@ class EngineArgs:
             )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidRequestError(f"max_model_len={self.max_model_len}: must be >= 2")
+        if self.fair_share not in FAIR_SHARES:
+            raise InvalidRequestError(
+                f"fair_share={self.fair_share!r}: expected one of {FAIR_SHARES}")
         if self.policy not in POLICIES:
             raise InvalidRequestError(f"policy={self.policy!r}: expected one of {POLICIES}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

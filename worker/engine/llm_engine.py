@@ -57,6 +57,7 @@ class LLMEngine:
                                      max_model_len=runner.max_model_len),
             max_num_batched_tokens=args.max_num_batched_tokens, policy=args.policy,
             enable_chunked_prefill=args.enable_chunked_prefill, tenant_weights=args.tenant_weights,
+            fair_share=args.fair_share,
             swap=self.swapper.manager if self.swapper is not None else None,
             interactive_reserve_seqs=args.interactive_reserve_seqs,
             interactive_reserve_tokens=args.interactive_reserve_tokens,
@@ -209,6 +210,7 @@ class LLMEngine:
                num_accepted: int) -> StepStats:
         """The step's StepStats; the step and draft counters move on."""
         stats = step_stats(self.step_index, plan, self.scheduler, outputs, timer, num_accepted)
+        self.scheduler.charge_time(plan, stats.seconds)
         self.step_index += 1
         self.total_draft_tokens += stats.num_draft_tokens
         self.total_accepted_tokens += num_accepted

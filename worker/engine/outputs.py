@@ -16,6 +16,7 @@ class RequestMetrics:
     first_step: int | None = None
     last_step: int | None = None
     num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens its first admission took from the prefix cache
 
 
 @dataclass
@@ -81,6 +82,15 @@ class StepStats:
     num_running_interactive: int = 0
     num_waiting_interactive: int = 0
     num_interactive_tokens: int = 0
+    # the rows each request computed in this step (by request id, the samples of an n > 1
+    # request summed under it; pad rows are nobody's): the work its time is split by
+    # (``worker.engine.step_cost``)
+    work: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        """The step's wall time: schedule, forward and sample."""
+        return self.schedule_seconds + self.forward_seconds + self.sample_seconds
 
     @property
     def num_batched_tokens(self) -> int:

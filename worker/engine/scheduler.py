@@ -48,6 +48,7 @@ class Scheduler(Admission):
         policy: str = "fcfs",
         enable_chunked_prefill: bool = True,
         tenant_weights: dict[str, float] | None = None,
+        fair_share: str = "tokens",
         swap: SwapManager | None = None,
         interactive_reserve_seqs: int = 0,
         interactive_reserve_tokens: int = 0,
@@ -64,7 +65,7 @@ class Scheduler(Admission):
         self.running: list[Sequence] = []
         self.padding: list[Sequence] = []
         self.unforked: set[Sequence] = set()  # first samples of n > 1 requests not yet forked
-        self.ledger = TenantLedger(tenant_weights)
+        self.ledger = TenantLedger(tenant_weights, unit=fair_share)
         self.cohort_open = True
         classes = policy not in COHORT_POLICIES  # a cohort is formed and run whole
         # batch admission leaves these free; batch keeps at least three quarters of each
@@ -143,6 +144,17 @@ class Scheduler(Admission):
                     metrics.first_scheduled_time, metrics.first_step = now, step
                 metrics.last_step = step
         return out
+
+    def charge_time(self, plan: SchedulerOutput, seconds: float) -> None:
+        """Charge a step's wall time to the tenants of its rows (an engine-seconds
+        ledger; a token ledger was charged as the step was planned)."""
+        if self.ledger.unit != "engine_seconds":
+            return
+        rows: dict[str | None, int] = {}
+        for s in plan.scheduled:
+            if not s.is_pad:
+                rows[s.seq.tenant] = rows.get(s.seq.tenant, 0) + s.num_new_tokens
+        self.ledger.charge_step(seconds, rows)
 
     def fork(self, plan: SchedulerOutput) -> list[tuple[Sequence, int]]:
         """Fork the other samples of each n > 1 request whose prompt this step computed:

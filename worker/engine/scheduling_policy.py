@@ -3,7 +3,10 @@
 - ``fcfs``, ``static`` and ``static-padded`` admit in arrival order;
 - ``priority`` admits the highest priority first and preempts the lowest;
 - ``sjf`` admits the shortest ``max_tokens`` first;
-- ``fair`` admits from the tenant served least so far (weighted tokens).
+- ``fair`` admits from the tenant served least so far: weighted tokens computed, or with
+  ``fair_share="engine_seconds"`` weighted engine-seconds (each step's wall time split by
+  rows, ``step_cost``), so a tenant whose tokens cost more (long contexts, steps with
+  little company) is charged what they cost.
 
 Everywhere, a sequence preempted before goes ahead of new arrivals, and a sequence
 preempted ``SHIELD_AFTER_PREEMPTIONS`` times is taken as a victim only when nothing else
@@ -16,21 +19,36 @@ from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 
 from worker.engine.sequence import Sequence
+from worker.engine.step_cost import split_seconds
 
 SHIELD_AFTER_PREEMPTIONS = 3
 
 
 class TenantLedger:
-    """Weighted tokens served per tenant (the fair policy's virtual time)."""
+    """What each tenant was served, divided by its weight (the fair policy's virtual
+    time): tokens computed (``unit="tokens"``, charged as steps are planned) or
+    engine-seconds (``unit="engine_seconds"``, charged once a step's time is known)."""
 
-    def __init__(self, weights: dict[str, float] | None = None) -> None:
+    def __init__(self, weights: dict[str, float] | None = None, unit: str = "tokens") -> None:
         self.weights = weights or {}
+        self.unit = unit
         self.served: dict[str | None, float] = {}
 
-    def charge(self, tenant: str | None, num_tokens: int) -> None:
-        """Add ``num_tokens`` computed for ``tenant``, divided by its weight."""
+    def _add(self, tenant: str | None, amount: float) -> None:
         weight = self.weights.get(tenant, 1.0) if tenant is not None else 1.0
-        self.served[tenant] = self.served.get(tenant, 0.0) + num_tokens / weight
+        self.served[tenant] = self.served.get(tenant, 0.0) + amount / weight
+
+    def charge(self, tenant: str | None, num_tokens: int) -> None:
+        """Add ``num_tokens`` computed for ``tenant`` (a token ledger only)."""
+        if self.unit == "tokens":
+            self._add(tenant, num_tokens)
+
+    def charge_step(self, seconds: float, rows: dict[str | None, int]) -> None:
+        """Add a step's ``seconds``, split by the ``rows`` each tenant computed in it (an
+        engine-seconds ledger only)."""
+        if self.unit == "engine_seconds":
+            for tenant, share in split_seconds(seconds, rows).items():
+                self._add(tenant, share)
 
     def on_arrival(self, tenant: str | None, present: Iterable[Sequence]) -> None:
         """A tenant returning from idle starts at the least-served active tenant's count,

@@ -58,6 +58,18 @@ class StepTimer:
         self._last = now
 
 
+def step_work(plan: SchedulerOutput) -> dict[str, int]:
+    """The rows each request computed in the step (samples of an n > 1 request summed
+    under the request's id; pad rows left out): what ``step_cost.split_seconds`` splits
+    the step's time by."""
+    work: dict[str, int] = {}
+    for s in plan.scheduled:
+        if not s.is_pad:
+            rid = s.seq.group_id or s.seq.request_id
+            work[rid] = work.get(rid, 0) + s.num_new_tokens
+    return work
+
+
 def step_stats(
     step: int,
     plan: SchedulerOutput,
@@ -96,4 +108,5 @@ def step_stats(
         num_running_interactive=sum(1 for s in scheduler.running if not s.is_batch),
         num_waiting_interactive=sum(1 for s in scheduler.waiting if not s.is_batch),
         num_interactive_tokens=sum(s.num_new_tokens for s in plan.scheduled if not s.seq.is_batch),
+        work=step_work(plan),
     )

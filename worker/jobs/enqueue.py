@@ -79,6 +79,7 @@ class JobWrite:
                 request=j.request,
                 queued_at=self.queued_at,
                 attempts=0,
+                max_tokens=j.max_tokens,
             )
             for j in self._jobs
             if j.id in fresh

@@ -22,7 +22,7 @@ from worker.service.delta_publisher import DeltaPublisher
 from worker.service.engine_api import EngineAPI, EngineBroken, error_text, probe_engine
 from worker.service.held_jobs import HeldJob
 from worker.service.isolation import Isolation
-from worker.service.loop_output import LoopCounters, LoopResults
+from worker.service.loop_output import LoopCounters, LoopResults, charge
 from worker.service.observe import JobObserver
 from worker.service.prepare import prepare
 from worker.service.runtime import WorkerRuntime
@@ -215,6 +215,7 @@ class EngineLoop:
             self._on_step_error(exc)
             return
         self.counters.note_step(outputs, stats)
+        charge(stats, self.active)  # before the finished jobs leave ``active``
         if stats.num_preemptions and self._note_preemptions:
             assert self.observer is not None
             self.observer.note_preemptions(self.engine, stats)

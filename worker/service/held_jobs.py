@@ -24,6 +24,8 @@ class HeldJob:
     # grammar for engine.add_request, or why the job fails without reaching the engine
     grammar: Any = None
     grammar_error: str | None = None
+    # its share of the wall time of the engine steps it computed in (loop_output.charge)
+    engine_seconds: float = 0.0
 
     @property
     def service_class(self) -> str:

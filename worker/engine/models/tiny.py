@@ -8,18 +8,18 @@ parity tests depend on float rounding, are then vanishingly rare.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from worker.engine.models.checkpoint_dirs import TINY_ARCHS, tiny_checkpoint_version
 from worker.engine.models.tiny_archs import REAL_CONFIGS, scaled_down
+
+__all__ = ["TINY_ARCHS", "build_tiny_checkpoint", "tiny_checkpoint_version"]
 
 # tiny-llama and tiny-qwen2 keep their original small configs; the others are a real
 # model's config scaled down (tiny_archs.py).
-TINY_ARCHS = ("llama", "qwen2", *REAL_CONFIGS)
 
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -88,18 +88,6 @@ def _build_config(arch: str, vocab_size: int, eos_id: int, pad_id: int):
     if arch == "qwen2":
         return Qwen2Config(**common, tie_word_embeddings=False, use_sliding_window=False)
     raise ValueError(f"unknown tiny architecture {arch!r}; expected one of {TINY_ARCHS}")
-
-
-BUILDER_VERSION = 2  # bump when build_tiny_checkpoint draws weights differently
-
-
-def tiny_checkpoint_version(arch: str) -> str:
-    """A name for the cache that changes whenever ``arch``'s tiny config does, so a cached
-    checkpoint of an older config is never reused (``v1`` for the two original ones)."""
-    if arch not in REAL_CONFIGS:
-        return "v1"
-    text = json.dumps([scaled_down(arch), BUILDER_VERSION], sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
 def build_tiny_checkpoint(path: str | Path, arch: str = "llama", seed: int = 0) -> Path:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from worker.store.base import utcnow
+from worker.store.crud.deliveries import DeliveryColumns, record_attempt
 from worker.store.crud.leases import Lease, LeaseColumns
 from worker.store.job_lifecycle import TERMINAL
 from worker.store.models import ApiJob, Job
@@ -83,28 +85,16 @@ def claim_due_webhooks(
     return ids
 
 
-def record_webhook_attempt(
-    *,
-    session: Session,
-    lease: Lease,
-    job_id: str,
-    delivered: bool,
-    error: str | None = None,
-    next_at: datetime | None = None,
-    give_up: bool = False,
-) -> bool:
-    """Count one delivery attempt: delivered, retried at ``next_at``, or failed for good,
-    and release the lease. Written only while ``lease`` still holds the row: False (and
-    nothing written) when it ran out and another claimer took the delivery over."""
-    state = "delivered" if delivered else ("failed" if give_up else "pending")
-    return lease.write(
-        session,
-        job_id,
-        webhook_state=state,
-        webhook_attempts=ApiJob.webhook_attempts + 1,
-        webhook_next_at=next_at,
-        webhook_error=error,
-    )
+WEBHOOK_STATE = DeliveryColumns(
+    state=ApiJob.webhook_state, attempts=ApiJob.webhook_attempts, error=ApiJob.webhook_error
+)
+
+
+def record_webhook_attempt(*, job_id: str, **attempt: Any) -> bool:
+    """Count one delivery attempt of a job's webhook (``deliveries.record_attempt``: the
+    lease, delivered or not, the error, the next try, giving up); False when the lease ran
+    out and another claimer took the delivery over."""
+    return record_attempt(columns=WEBHOOK_STATE, key=job_id, **attempt)
 
 
 def get_job_with_meta(*, session: Session, job_id: str) -> tuple[Job, ApiJob | None] | None:

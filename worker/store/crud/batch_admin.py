@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
 from worker.store.base import utcnow
@@ -81,15 +81,24 @@ def batch_jobs_in_order(
     return list(session.scalars(stmt))
 
 
+ENDED = ("completed", "failed", "expired", "cancelled")
+"""A batch's final statuses: each one's event (``batch.<status>``) is sent once reached."""
+
+
 def set_batch_status(
     *, session: Session, batch_id: str, status: str, only_from: tuple[str, ...] | None = None
 ) -> bool:
     """Move a batch to ``status`` and stamp ``<status>_at``; with ``only_from``, only when
-    it is in one of those statuses. Returns whether it moved."""
+    it is in one of those statuses. Returns whether it moved. A move to a final status
+    makes the batch's event due (``webhook_state`` waiting -> pending) in the same
+    statement, so a batch that ended always has its event to send, and only once."""
     values: dict[str, object] = {"status": status}
     stamp = f"{status}_at"
     if hasattr(Batch, stamp):
         values[stamp] = utcnow()
+    if status in ENDED:
+        values["webhook_state"] = case(
+            (Batch.webhook_state == "waiting", "pending"), else_=Batch.webhook_state)
     stmt = update(Batch).where(Batch.id == batch_id)
     if only_from:
         stmt = stmt.where(Batch.status.in_(only_from))

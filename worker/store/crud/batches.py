@@ -27,9 +27,11 @@ def create_batch(
     batch_id: str | None = None,
     idempotency_key: str | None = None,
     request_digest: str | None = None,
+    callback_url: str | None = None,
 ) -> Batch:
     """Add a batch in status ``validating`` (the caller commits; a duplicate idempotency key
-    for the tenant raises IntegrityError then)."""
+    for the tenant raises IntegrityError then). With a ``callback_url`` its event waits
+    for the batch to end (``webhook_state`` waiting)."""
     batch = Batch(
         id=batch_id or new_batch_id(),
         tenant=tenant,
@@ -42,6 +44,9 @@ def create_batch(
         request_failed=0,
         idempotency_key=idempotency_key,
         request_digest=request_digest,
+        callback_url=callback_url,
+        webhook_state="waiting" if callback_url else "none",
+        webhook_attempts=0,
     )
     session.add(batch)
     return batch

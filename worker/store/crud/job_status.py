@@ -72,6 +72,7 @@ def create_jobs(
                 "request": job.request,
                 "queued_at": now,
                 "attempts": 0,
+                "max_tokens": job.max_tokens,
             }
         )
     if skip_existing:
@@ -143,6 +144,8 @@ def finish_jobs(
             last_step=bindparam("b_last_step"),
             isolation=bindparam("b_isolation"),
             choices=bindparam("b_choices", type_=JSON()),
+            cached_tokens=bindparam("b_cached_tokens"),
+            engine_seconds=bindparam("b_engine_seconds"),
             **({"worker_id": bindparam("b_worker_id")} if worker_id else {}),
         )
     )
@@ -163,6 +166,8 @@ def finish_jobs(
             "b_last_step": r.last_step,
             "b_isolation": r.isolation,
             "b_choices": r.choices,
+            "b_cached_tokens": r.cached_tokens,
+            "b_engine_seconds": r.engine_seconds,
             **({"b_worker_id": worker_id} if worker_id else {}),
         }
         for r in results

@@ -3,6 +3,7 @@ the tenant's webhook signing secret."""
 
 from __future__ import annotations
 
+import base64
 import secrets
 
 from sqlalchemy import func, select, text
@@ -48,12 +49,19 @@ def stored_bytes(*, session: Session, tenant: str) -> int:
     return int(session.scalar(stmt) or 0)
 
 
+def new_webhook_secret() -> str:
+    """A fresh signing secret in the Standard Webhooks form: ``whsec_`` + the standard
+    base64 of 32 random bytes (the bytes batch events' ``webhook-signature`` is keyed with,
+    as OpenAI's SDK decodes them)."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
 def webhook_secret(*, session: Session, tenant: str) -> str:
     """The tenant's webhook signing secret, created (race-free) on first use."""
     found = session.get(WebhookSecret, tenant)
     if found is not None:
         return found.secret
-    fresh = "whsec_" + secrets.token_urlsafe(32)
+    fresh = new_webhook_secret()
     if session.get_bind().dialect.name == "postgresql":
         session.execute(
             pg_insert(WebhookSecret)
@@ -73,7 +81,7 @@ def rotate_webhook_secret(*, session: Session, tenant: str) -> str:
     """Replace the tenant's webhook secret with a new one; returns it. One upsert (INSERT
     ... ON CONFLICT DO UPDATE), so concurrent rotations never collide on a first insert:
     each succeeds, and the secret ends as the one committed last."""
-    fresh = "whsec_" + secrets.token_urlsafe(32)
+    fresh = new_webhook_secret()
     now = utcnow()
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     session.execute(

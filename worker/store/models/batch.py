@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import JSON, Index, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from worker.store.base import Base, UTCDateTime, utcnow
@@ -64,8 +64,26 @@ class Batch(Base):
     # refused
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_digest: Mapped[str | None] = mapped_column(String(64))
+    # migration 0015. The estimate made at creation (api/control/estimate.py: prompt and
+    # output tokens, engine-seconds, the completion time), and the completion time as the
+    # beat re-estimates it while the batch runs
+    estimate: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    estimated_engine_seconds: Mapped[float | None] = mapped_column(Float)
+    estimated_completion_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # the OpenAI usage of the batch's jobs, written when it is finalized (read live before)
+    usage: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # the batch's event (batch.completed, .failed, .expired, .cancelled) POSTed here when it
+    # ends: none (no URL) | waiting (not ended) | pending | delivered | failed, attempts,
+    # the next try (or the delivering claimer's lease expiry, with its holder), last error
+    callback_url: Mapped[str | None] = mapped_column(String(2048))
+    webhook_state: Mapped[str] = mapped_column(String(16), default="none", server_default="none")
+    webhook_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    webhook_next_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    webhook_error: Mapped[str | None] = mapped_column(Text)
+    webhook_holder: Mapped[str | None] = mapped_column(String(64))
 
     __table_args__ = (
         Index(None, "tenant", "created_at"),
         UniqueConstraint("tenant", "idempotency_key"),
+        Index(None, "webhook_state", "webhook_next_at"),
     )

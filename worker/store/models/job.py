@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import JSON, Index, Integer, String, Text
+from sqlalchemy import JSON, Float, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from worker.store.base import Base, UTCDateTime, utcnow
@@ -68,6 +68,13 @@ class Job(Base):
     # when the retention task cleared the request body and result (text, choices, error
     # detail; worker.store.crud.retention), keeping the accounting; None while stored
     result_expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # usage beyond the token counts (migration 0015): the output tokens the request allows
+    # (max_tokens times n, set at submission; None when it names none), the prompt tokens
+    # the prefix cache served (not computed), and the job's engine-seconds: its share of
+    # the wall time of every engine step it computed in (worker.engine.step_cost)
+    max_tokens: Mapped[int | None] = mapped_column(Integer)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
+    engine_seconds: Mapped[float | None] = mapped_column(Float)
 
     # The listing (crud.jobs.list_jobs) walks (queued_at, id) with a keyset: no filter (the
     # operator's ``inflight jobs``) and each filter it takes have an index ending in those two
@@ -84,4 +91,6 @@ class Job(Base):
         # retention (migration 0012): results due, then rows due
         Index(None, "result_expired_at", "finished_at"),
         Index(None, "finished_at"),
+        # a tenant's usage over a time range, and its recent history (migration 0015)
+        Index(None, "tenant", "finished_at"),
     )
