@@ -6,7 +6,8 @@ The work: the exact prompt tokens (``api/tokenizer.py``; token-id prompts as the
 the output tokens the requests allow (``max_tokens`` times ``n``; a chat request naming
 none: the context's end when ``INFLIGHT_MAX_MODEL_LEN`` is set, else the cap the API writes
 into it) and those expected, the bound times the share the tenant's recent jobs produced of
-theirs (the bound itself without history). Its engine-seconds, at the live workers'
+theirs (the bound itself without history). Everything is per model: the work runs on its
+model's workers, behind its model's queue. Its engine-seconds, at the live workers'
 measured step cost (``worker/store/crud/throughput.py``: a fixed part per step plus a cost
 per prompt row and per output row, fitted to their recent ``iterations``): the prompt
 tokens the prefix cache is not expected to serve (the tenant's recent share), the
@@ -195,17 +196,18 @@ def window_delta(window: str) -> timedelta:
     return timedelta(hours=int(window[:-1]))
 
 
-def price(ctx: Context, tenant: str, work: Work, *, window: str | None,
+def price(ctx: Context, tenant: str, work: Work, *, model: str, window: str | None,
           interactive: bool = False) -> Quote:
-    """``work`` at the live workers' measured throughput, behind the open work ahead of it
-    (see the module docstring), as of now."""
+    """``work`` on ``model`` at the measured throughput of the live workers serving it,
+    behind the open work of that model ahead of it (see the module docstring), as of
+    now."""
     now = utcnow()
     with ctx.reads() as session:
-        costs = step_costs(session=session,
+        costs = step_costs(session=session, model=model,
                            worker_timeout=timedelta(seconds=ctx.settings.worker_timeout))
         history = tenant_history(session=session, tenant=tenant)
-        batches = [] if interactive else open_batches(session=session)
-        singles = open_single_jobs(session=session)
+        batches = [] if interactive else open_batches(session=session, model=model)
+        singles = open_single_jobs(session=session, model=model)
     ratio = 1.0 if history.output_ratio is None else history.output_ratio
     quote = Quote(work=work, created_at=now, output_expected=round(work.output_bound * ratio),
                   costs=costs, history=history, window=window)
@@ -268,21 +270,27 @@ def admit(ctx: Context, quote: Quote) -> None:
 
 def refresh_estimates(ctx: Context) -> int:
     """Re-estimate the completion of every open batch (the beat, every 30 s): its
-    remaining estimate behind the open batches created before it and the open jobs
-    submitted alone in the batch class, at the live workers' throughput now; returns how
-    many were written."""
-    from sqlalchemy import update
+    remaining estimate behind the open batches of its model created before it and the
+    open jobs of that model submitted alone in the batch class, at the throughput of the
+    live workers serving it now; returns how many were written."""
+    from sqlalchemy import select, update
 
+    from worker.store.crud.tenant_usage import OPEN_BATCH_STATUSES
     from worker.store.models import Batch
 
     now = utcnow()
+    etas: dict[str, datetime | None] = {}
     with ctx.reads() as session:
-        costs = step_costs(session=session,
-                           worker_timeout=timedelta(seconds=ctx.settings.worker_timeout))
-        batches = open_batches(session=session)
-        singles = open_single_jobs(session=session)
-    etas = completion_times(batches, costs, now,
-                            singles.batch * (singles.mean_engine_seconds or 0.0))
+        models = sorted(m for m in session.scalars(select(Batch.model).distinct().where(
+            Batch.status.in_(OPEN_BATCH_STATUSES))) if m is not None)
+    for model in models:  # each model's batches queue behind that model's work only
+        with ctx.reads() as session:
+            costs = step_costs(session=session, model=model,
+                               worker_timeout=timedelta(seconds=ctx.settings.worker_timeout))
+            batches = open_batches(session=session, model=model)
+            singles = open_single_jobs(session=session, model=model)
+        etas |= completion_times(batches, costs, now,
+                                 singles.batch * (singles.mean_engine_seconds or 0.0))
     with ctx.session_factory.begin() as session:
         for batch_id, eta in etas.items():
             session.execute(update(Batch).where(Batch.id == batch_id)

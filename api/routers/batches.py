@@ -166,7 +166,7 @@ def create(
     path, lines = _counted_input(ctx, tenant, payload.input_file_id)
     model = model_of_batch_file(ctx, path)  # 404/400 when no worker serves it
     admit_or_refuse(ctx, "batch", offered=lines, model=model)  # 429/503, nothing written yet
-    quote = price(ctx, tenant, batch_work(ctx, path, payload.endpoint),
+    quote = price(ctx, tenant, batch_work(ctx, path, payload.endpoint), model=model,
                   window=payload.completion_window)
     admit(ctx, quote)  # 400 completion_window_unmeetable
     try:
@@ -229,8 +229,8 @@ def _quote(ctx: Context, tenant: str, payload: BatchCreate) -> dict[str, Any]:
     its file and callback URL), and nothing created, counted or published."""
     check_callback_url(ctx, payload.callback_url)
     path, _ = _counted_input(ctx, tenant, payload.input_file_id)
-    model_of_batch_file(ctx, path)  # 404/400 as the batch itself would get
-    quote = price(ctx, tenant, batch_work(ctx, path, payload.endpoint),
+    model = model_of_batch_file(ctx, path)  # 404/400 as the batch itself would get
+    quote = price(ctx, tenant, batch_work(ctx, path, payload.endpoint), model=model,
                   window=payload.completion_window)
     return {"object": "batch.quote", "input_file_id": payload.input_file_id,
             "endpoint": payload.endpoint, **quote.view()}
@@ -327,7 +327,7 @@ def retry(
             )
         model = model or model_of_batch_file(ctx, str(tmp))  # a batch from before 0014
         admit_or_refuse(ctx, "batch", offered=lines, model=model)
-        quote = price(ctx, tenant, batch_work(ctx, str(tmp), old.endpoint),
+        quote = price(ctx, tenant, batch_work(ctx, str(tmp), old.endpoint), model=model,
                       window=body.completion_window or old.completion_window)
         admit(ctx, quote)
         tmp.replace(path)

@@ -67,7 +67,8 @@ def create_job(
     sub = Submission.of_job(payload, tenant=tenant, key_header=idempotency_key)
     if payload.dry_run:
         checked = new_job(ctx, sub)
-        quote = price(ctx, tenant, request_work(ctx, [checked.request]), window=None,
+        quote = price(ctx, tenant, request_work(ctx, [checked.request]),
+                      model=str(checked.job.model), window=None,
                       interactive=payload.queue_class == "interactive")
         return JSONResponse({"object": "job.quote", "queue_class": payload.queue_class,
                              **quote.view()}, status_code=200)

@@ -65,7 +65,7 @@ def est(make_env, own_db: str) -> Iterator[Any]:
 
 
 def _live_worker(env: ApiEnv, *, prefill_s: float = PREFILL_S, decode_s: float = DECODE_S,
-                 name: str = "fake-worker") -> None:
+                 name: str = "fake-worker", model: str = "tiny-llama") -> None:
     """A live worker whose recent steps say a prompt token costs ``prefill_s`` and an
     output token ``decode_s`` and a step nothing more: prompt steps of 50 to 150 rows,
     decode steps of 5 to 20, one sequence each."""
@@ -74,7 +74,7 @@ def _live_worker(env: ApiEnv, *, prefill_s: float = PREFILL_S, decode_s: float =
     from worker.store.models import Iteration
 
     with env.ctx.session_factory.begin() as s:
-        register_worker(session=s, worker_id=name, host="h", model="m", pid=1)
+        register_worker(session=s, worker_id=name, host="h", model=model, pid=1)
         for step in range(100):
             prefill, decode = ((50 + step, 0) if step % 2 else (0, 5 + step % 16))
             ms = 1000.0 * (prefill * prefill_s + decode * decode_s)
@@ -162,6 +162,9 @@ def test_a_batch_quote_prices_the_work_and_creates_nothing(est) -> None:
     assert 0 < text_tokens < len("The capital of France is")
     assert q["output_tokens"] == {"bound": 9 * 20 + 8 * 2, "expected": 9 * 20 + 8 * 2}
     assert q["engine_seconds"] is None and q["estimated_completion_at"] is None
+    _live_worker(env, model="another-model", name="other-worker")  # not this batch's model
+    q = _batch(env, h, fid, dry_run=True).json()
+    assert q["engine_seconds"] is None and q["basis"]["live_workers"] == 0
     _live_worker(env)
     before = time.time()
     q = _batch(env, h, fid, dry_run=True, completion_window="2h").json()

@@ -52,11 +52,13 @@ which would price every prompt token at thirty times its cost."""
 
 
 def step_costs(
-    *, session: Session, worker_timeout: timedelta, steps_per_worker: int = 2000
+    *, session: Session, worker_timeout: timedelta, model: str | None,
+    steps_per_worker: int = 2000,
 ) -> StepCosts | None:
-    """The costs over the last ``steps_per_worker`` steps of each live worker; None when
-    they have not run enough prompt and output rows to measure."""
-    workers = sorted(live_worker_ids(session=session, within=worker_timeout))
+    """The costs over the last ``steps_per_worker`` steps of each live worker serving
+    ``model`` (None: every live worker); None when they have not run enough prompt and
+    output rows to measure."""
+    workers = sorted(live_worker_ids(session=session, within=worker_timeout, model=model))
     samples: list[tuple[int, int, float]] = []  # (prompt rows, output rows, seconds)
     interactive_s = total_s = 0.0
     running = 0
@@ -172,12 +174,14 @@ class OpenBatch:
         return self.estimated_engine_seconds * max(0, self.requests - self.ended) / self.requests
 
 
-def open_batches(*, session: Session, limit: int = 10_000) -> list[OpenBatch]:
-    """Every batch that has not ended, oldest first, with its progress."""
+def open_batches(*, session: Session, model: str | None, limit: int = 10_000) -> list[OpenBatch]:
+    """Every batch of ``model`` (None: of any) that has not ended, oldest first, with its
+    progress."""
     batches = session.execute(
         select(Batch.id, Batch.created_at, Batch.estimated_engine_seconds, Batch.estimate,
                Batch.request_total)
-        .where(Batch.status.in_(OPEN_BATCH_STATUSES))
+        .where(Batch.status.in_(OPEN_BATCH_STATUSES),
+               *(() if model is None else (Batch.model == model,)))
         .order_by(Batch.created_at, Batch.id)
         .limit(limit)
     ).all()
@@ -208,15 +212,17 @@ class OpenJobs:
         return n * (self.mean_engine_seconds or 0.0)
 
 
-def open_single_jobs(*, session: Session, history: int = 500) -> OpenJobs:
-    """The open jobs submitted alone and their recent mean cost."""
+def open_single_jobs(*, session: Session, model: str | None, history: int = 500) -> OpenJobs:
+    """The open jobs of ``model`` (None: of any) submitted alone and their recent mean
+    cost."""
+    of_model = () if model is None else (Job.model == model,)
     counts = dict(session.execute(
         select(Job.queue_class, func.count())
-        .where(Job.batch_id.is_(None), Job.status.in_(OPEN))
+        .where(Job.batch_id.is_(None), Job.status.in_(OPEN), *of_model)
         .group_by(Job.queue_class)).tuples().all())
     recent = (
         select(Job.engine_seconds)
-        .where(Job.batch_id.is_(None), Job.engine_seconds.is_not(None))
+        .where(Job.batch_id.is_(None), Job.engine_seconds.is_not(None), *of_model)
         .order_by(Job.finished_at.desc())
         .limit(history)
         .subquery()

@@ -51,9 +51,13 @@ def _live(within: timedelta, now: datetime | None = None) -> ColumnElement[bool]
     return (Worker.heartbeat_at >= since) & (Worker.status != WorkerStatus.STOPPED.value)
 
 
-def live_worker_ids(*, session: Session, within: timedelta) -> set[str]:
-    """Ids of workers that are not stopped and beat within ``within``."""
-    return set(session.scalars(select(Worker.id).where(_live(within))))
+def live_worker_ids(*, session: Session, within: timedelta, model: str | None = None) -> set[str]:
+    """Ids of workers that are not stopped and beat within ``within`` (serving ``model``,
+    when named)."""
+    query = select(Worker.id).where(_live(within))
+    if model is not None:
+        query = query.where(Worker.model_id == model)
+    return set(session.scalars(query))
 
 
 def live_workers(
