@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 

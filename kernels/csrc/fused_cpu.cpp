@@ -184,9 +184,14 @@ std::tuple<torch::Tensor, torch::Tensor> max_per_row(torch::Tensor x) {
   return {values, indices};
 }
 
+// Run without the GIL, as the attention kernel's entry points (paged_attention_cpu.cpp).
+using NoGil = py::call_guard<py::gil_scoped_release>;
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("add_rms_norm", &add_rms_norm, "residual add (in place) and RMSNorm, fp32 rows");
-  m.def("rope_qk_", &rope_qk_, "rotary embedding of the q and k parts of qkv rows, in place");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up of [rows, 2 I] gate_up rows");
-  m.def("max_per_row", &max_per_row, "torch.max(x, dim=-1) of fp32 rows, rows in parallel");
+  m.def("add_rms_norm", &add_rms_norm, "residual add (in place) and RMSNorm, fp32 rows", NoGil());
+  m.def("rope_qk_", &rope_qk_, "rotary embedding of the q and k parts of qkv rows, in place",
+        NoGil());
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of [rows, 2 I] gate_up rows", NoGil());
+  m.def("max_per_row", &max_per_row, "torch.max(x, dim=-1) of fp32 rows, rows in parallel",
+        NoGil());
 }

@@ -629,13 +629,20 @@ torch::Tensor vector_tanh(torch::Tensor x) {
   return out.view(x.sizes());
 }
 
+// Every entry point runs without the GIL (its arguments are converted before, its result
+// after): a worker's other threads (intake, result writer, text-delta publisher) must not
+// wait out a whole kernel call each time they need the interpreter.
+using NoGil = py::call_guard<py::gil_scoped_release>;
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention,
         "Paged attention over ragged query chunks with a cached prefix (CPU), optionally over a "
         "sliding window of keys and with soft-capped scores",
         py::arg("query"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
         py::arg("cu_seqlens_q"), py::arg("context_lens"), py::arg("scale"), py::arg("window") = 0,
-        py::arg("softcap") = 0.0);
-  m.def("vector_tanh", &vector_tanh, "tanh per element of a float32 tensor, as the soft-cap computes it");
-  m.def("write_kv", &write_kv, "Store each token's K and V rows at its slot (CPU); negative slots skipped");
+        py::arg("softcap") = 0.0, NoGil());
+  m.def("vector_tanh", &vector_tanh, "tanh per element of a float32 tensor, as the soft-cap computes it",
+        NoGil());
+  m.def("write_kv", &write_kv, "Store each token's K and V rows at its slot (CPU); negative slots skipped",
+        NoGil());
 }

@@ -131,7 +131,8 @@ CASES: list[Case] = [
     _v("prompt-list-of-prompts", "prompt", ["a", "b"], "unsupported"),
     _v("prompt-object", "prompt", {"text": "x"}, "invalid_request"),
     # fields and modes
-    _v("unknown-field", "tools", [], "unknown_field"),
+    _v("unknown-field", "frobnicate", [], "unknown_field"),
+    _v("tool-calling", "tools", [], "unsupported_field"),
     _v("stream-true", "stream", True, "unsupported"),
     # chat messages
     Case("messages-1025", {"messages": [{"role": "user", "content": "x"}] * 1025},

@@ -111,6 +111,12 @@ def test_chat_completions_with_the_openai_sdk(env: ApiEnv, worker: Any) -> None:
         content = scored.choices[0].logprobs.content
         assert len(content) == scored.usage.completion_tokens
         assert all(len(p.top_logprobs) == 2 and p.logprob <= 0 for p in content)
+        streamed_scored = list(client.chat.completions.create(
+            model="tiny-llama", messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True,
+            top_logprobs=2, stream=True))
+        streamed_lp = [p for c in streamed_scored if c.choices and c.choices[0].logprobs
+                       for p in c.choices[0].logprobs.content]
+        assert [(p.token, p.logprob) for p in streamed_lp] == [(p.token, p.logprob) for p in content]
 
         fmt = {"type": "json_schema", "json_schema": {"name": "review", "schema": schema}}
         structured = client.chat.completions.create(
@@ -118,6 +124,11 @@ def test_chat_completions_with_the_openai_sdk(env: ApiEnv, worker: Any) -> None:
             response_format=fmt)
         value = json.loads(structured.choices[0].message.content)
         assert set(value) == {"label", "score"} and value["label"] in ("pos", "neg")
+        streamed_structured = "".join(
+            c.choices[0].delta.content or "" for c in client.chat.completions.create(
+                model="tiny-llama", messages=MESSAGES, max_tokens=96, temperature=1.0, seed=5,
+                response_format=fmt, stream=True) if c.choices)
+        assert json.loads(streamed_structured) == value  # seeded: the same object, streamed
 
         stopped = client.chat.completions.create(
             model="tiny-llama", messages=MESSAGES, max_tokens=24, temperature=0,
@@ -145,6 +156,16 @@ def test_completions_with_the_openai_sdk(env: ApiEnv, worker: Any) -> None:
         assert all(c.object == "text_completion" for c in chunks)
         assert "".join(c.choices[0].text for c in chunks) == plain.choices[0].text
         assert chunks[-1].choices[0].finish_reason == plain.choices[0].finish_reason
+
+        two = client.completions.create(model="tiny-llama", prompt="Once upon a time",
+                                        max_tokens=8, temperature=1.0, seed=4, n=2)
+        assert [c.index for c in two.choices] == [0, 1]
+        streamed_two = list(client.completions.create(
+            model="tiny-llama", prompt="Once upon a time", max_tokens=8, temperature=1.0, seed=4,
+            n=2, stream=True))
+        for i in (0, 1):  # seeded: each streamed sample is the sample of the plain request
+            assert "".join(c.choices[0].text for c in streamed_two
+                           if c.choices[0].index == i) == two.choices[i].text
 
 
 def test_disconnect_cancels_unless_detached(env: ApiEnv, worker: Any) -> None:
@@ -188,7 +209,8 @@ def test_refusals(make_env: Any) -> None:
             client.chat.completions.create(
                 model="m", messages=MESSAGES,
                 tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
-        assert bad.value.body["param"] == "tools" and bad.value.body["code"] == "unknown_field"
+        assert bad.value.body["param"] == "tools"
+        assert bad.value.body["code"] == "unsupported_field"
         with pytest.raises(openai.BadRequestError) as bad:
             client.completions.create(model="m", prompt="x", best_of=2)
         assert bad.value.body["code"] == "unsupported_field"

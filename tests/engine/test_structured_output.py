@@ -57,6 +57,22 @@ def test_malformed_constraints_are_refused_with_the_field(body: dict, param: str
     assert err.value.param == param and words in str(err.value)
 
 
+@pytest.mark.parametrize(("text", "accepted"), [
+    ('{"a": 1}', True), ('{"a":{"b":[1, 2]}, "c": null}', True), ("{}", True),
+    ("[23]", False), ('"x"', False), ("1", False), ("null", False),
+])  # fmt: skip
+def test_json_object_mode_takes_an_object_and_nothing_else(text: str, accepted: bool) -> None:
+    """``{"type": "json_object"}`` is OpenAI's JSON mode: the output is a JSON object (it
+    once compiled to the grammar of any JSON value, and the tiny model wrote ``[23]``)."""
+    xgr = pytest.importorskip("xgrammar")
+    from worker.engine.structured import grammar_of
+
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo(["a"])).compile_grammar(
+        grammar_of({"type": "json_object"}))
+    matcher = xgr.GrammarMatcher(compiled)
+    assert (matcher.accept_string(text) and matcher.is_completed()) is accepted
+
+
 @pytest.fixture(scope="module")
 def engine() -> LLMEngine:
     return LLMEngine(model="tiny-llama", num_kv_blocks=256, max_num_seqs=16, attention_backend="torch")

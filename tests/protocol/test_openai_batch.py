@@ -178,8 +178,16 @@ def test_unknown_field_is_named_with_line_and_custom_id():
     assert isinstance(err, InvalidRequestError)
 
 
+def test_tool_calling_is_refused_with_what_to_send_instead():
+    for name in ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"):
+        err = refuse(batch_line({"messages": USER, name: []}))
+        assert err.param == name and err.code == "unsupported_field"
+        assert "tool calling" in str(err) and "json_schema" in str(err)
+
+
 def test_unknown_field_in_batch_body_and_line():
-    assert "unknown field 'tools'" in str(refuse(batch_line({"messages": USER, "tools": []})))
+    assert "unknown field 'frobnicate'" in str(
+        refuse(batch_line({"messages": USER, "frobnicate": []})))
     err = refuse(line({"custom_id": "c", "method": "POST", "url": CHAT_ENDPOINT,
                        "body": {"messages": USER}, "temperature": 0}))
     assert "unknown field 'temperature' in a batch line" in str(err)

@@ -96,6 +96,9 @@ class Grammars:
             raise refused(spec, exc) from None
 
 
+_ANY_OBJECT = json.dumps({"type": "object"})  # strict_mode off: any properties
+
+
 def grammar_of(spec: dict[str, Any]) -> Any:
     """The xgrammar ``Grammar`` of a normalized constraint (no tokenizer needed: what the
     API's submission check builds too); InvalidRequestError with the library's reason
@@ -106,8 +109,9 @@ def grammar_of(spec: dict[str, Any]) -> Any:
     try:
         if kind == "json_schema":
             return xgr.Grammar.from_json_schema(json.dumps(spec["schema"]), any_whitespace=False)
-        if kind == "json_object":
-            return xgr.Grammar.builtin_json_grammar()
+        if kind == "json_object":  # OpenAI's JSON mode: an object, not any JSON value
+            return xgr.Grammar.from_json_schema(_ANY_OBJECT, any_whitespace=True,
+                                                strict_mode=False)
         if kind == "regex":
             return xgr.Grammar.from_regex(spec["pattern"])
         if kind == "choice":

@@ -97,6 +97,13 @@ _UNSUPPORTED = {
     "echo": "the prompt is in the request; prompt_logprobs scores it",
     "suffix": "insertion is not supported by the served models",
 }
+# Tool calling (what LangChain's with_structured_output(method="function_calling") and
+# agents send): refused as one thing, with the structured-output field to use instead.
+_TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
+_UNSUPPORTED.update(dict.fromkeys(_TOOL_FIELDS, (
+    "tool calling (tools, tool_choice, parallel_tool_calls, functions, function_call) is not "
+    "served; for structured output send response_format with a json_schema (LangChain: "
+    "with_structured_output(method=\"json_schema\"), its default)")))
 _BATCH_LINE_KEYS = frozenset({"custom_id", "method", "url", "body"})
 _INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed", "top_k", "min_tokens",
                "top_logprobs", "prompt_logprobs")

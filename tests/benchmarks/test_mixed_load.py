@@ -1,0 +1,81 @@
+"""benchmarks/mixed_load.py: its parts, and a whole tiny run on the tiny model through the
+real stack (API and worker processes, Redis, PostgreSQL). No figure is asserted: the run
+proves the script measures every part and writes its JSON and plot."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from benchmarks import mixed_load
+from benchmarks.stream_timing import StreamTiming
+
+
+def test_a_stream_timing_is_first_content_and_the_tokens_after_it() -> None:
+    t = StreamTiming(sent=10.0, first_token=10.5, last_token=12.5, completion_tokens=5)
+    assert t.ttft == pytest.approx(0.5) and t.tpot == pytest.approx(0.5)
+    assert StreamTiming(sent=1.0, first_token=2.0, last_token=2.0, completion_tokens=1).tpot is None
+    assert StreamTiming(sent=1.0, error="HTTP 429").ttft is None
+
+
+def test_summary_counts_failures_and_leaves_them_out() -> None:
+    ok = [StreamTiming(sent=0.0, first_token=0.1 * i, last_token=1.0, completion_tokens=3)
+          for i in range(1, 11)]
+    summary = mixed_load.latency_summary([*ok, StreamTiming(sent=0.0, error="HTTP 500")])
+    assert summary["requests"] == 11 and summary["failed"] == 1
+    assert summary["ttft_p50_s"] == pytest.approx(0.55)
+    assert summary["ttft_p99_s"] <= 1.0 and summary["tpot_p50_s"] > 0
+
+
+def test_the_batch_file_is_natural_language_chat_lines() -> None:
+    turns = ["How do tides work?", "Name a fruit."]
+    lines = [json.loads(x) for x in mixed_load.batch_file("m", 5, turns, max_tokens=50)
+             .decode().splitlines()]
+    assert [x["custom_id"] for x in lines] == [f"line-{i}" for i in range(5)]
+    assert {x["url"] for x in lines} == {"/v1/chat/completions"}
+    assert [x["body"]["messages"][1]["content"] for x in lines] == [*turns, *turns, turns[0]]
+    assert all(x["body"]["messages"][0]["role"] == "system" for x in lines)
+    assert all(8 <= x["body"]["max_tokens"] <= 50 and x["body"]["ignore_eos"] for x in lines)
+
+
+def test_targets_compare_backlog_with_idle_and_batch_with_itself() -> None:
+    got = mixed_load.targets({"ttft_p99_s": 0.1}, {"ttft_p99_s": 0.3},
+                             {"batch_tokens_per_s": 100.0}, {"batch_tokens_per_s": 95.0})
+    assert got["ttft_p99_ratio"] == pytest.approx(3.0) and not got["ttft_met"]
+    assert got["batch_kept"] == pytest.approx(0.95) and got["batch_met"]
+
+
+def _serving() -> bool:
+    for port in (5432, 6379):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            return False
+    return True
+
+
+@pytest.mark.services
+@pytest.mark.slow
+def test_a_tiny_run_measures_every_part(tmp_path: Path) -> None:
+    if not _serving():
+        pytest.skip("needs PostgreSQL on 127.0.0.1:5432 and Redis on 127.0.0.1:6379")
+    pytest.importorskip("matplotlib")
+    out, plot = tmp_path / "mixed.json", tmp_path / "mixed.png"
+    assert mixed_load.main([
+        "--model", "tiny-llama", "--batch-lines", "200", "--batch-max-tokens", "200",
+        "--requests", "4", "--rate", "4", "--interactive-max-tokens", "8",
+        "--batch-warmup", "0.5", "--batch-window", "1", "--overhead-requests", "2",
+        "--threads", "1", "--worker-arg=--max-num-seqs=8",
+        "--out", str(out), "--plot", str(plot)]) == 0
+    fig = json.loads(out.read_text())
+    for part in ("idle", "backlog"):
+        assert fig[part]["requests"] == 4 and fig[part]["failed"] == 0
+        assert all(r["completion_tokens"] == 8 for r in fig["requests"][part])
+        assert fig[part]["parts"]["engine_steps_p50"] >= 1
+    assert fig["overhead"]["requests"] == 2 and fig["overhead"]["decode_step_s"] > 0
+    assert fig["batch_alone"]["steps"] > 0 and fig["batch_alone"]["batch_decode_tokens"] > 0
+    assert fig["batch_with_interactive"]["interactive_decode_tokens"] == 4 * 7
+    assert plot.stat().st_size > 0
