@@ -219,7 +219,12 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, int64_
   return y;
 }
 
+// The matmul runs without the GIL (as every kernel entry point: paged_attention_cpu.cpp),
+// so the worker's other threads never wait out a step's linears for the interpreter.
+using NoGil = pybind11::call_guard<pybind11::gil_scoped_release>;
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
-  mod.def("panel_width", &panel_width, "output columns per packed panel (two vectors)");
-  mod.def("linear", &linear, "x W^T + b from a weight packed into column panels (fp32)");
+  mod.def("panel_width", &panel_width, "output columns per packed panel (kNv vectors)");
+  mod.def("linear", &linear, "x W^T + b from a weight packed into column panels (fp32)",
+          NoGil());
 }
