@@ -122,17 +122,23 @@ def _prepare_database(db_url: str, tenant: str) -> str:
     return key
 
 
-def _wait_ready(stack: ServiceStack, timeout: float = 90.0) -> None:
+def _wait_ready(stack: ServiceStack, timeout: float = 600.0) -> None:
+    """Until the API is ready and every worker serves its model (GET /v1/models counts it
+    live): a request sent before would find no worker for its model (404). The first start
+    on a machine builds the native kernels, hence the long timeout."""
     deadline = time.monotonic() + timeout
     with stack.client(timeout=5.0) as client:
         while True:
-            with contextlib.suppress(httpx.HTTPError):
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
                 if client.get("/readyz").status_code == 200:
-                    return
-            if stack.api.poll() is not None:
-                raise RuntimeError(f"the API exited with {stack.api.returncode}")
+                    served = client.get("/v1/models").json()["data"]
+                    if sum(m.get("num_workers", 0) for m in served) >= len(stack.workers):
+                        return
+            for proc in (stack.api, *stack.workers):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"a process of the stack exited with {proc.returncode}")
             if time.monotonic() > deadline:
-                raise RuntimeError("the API did not become ready")
+                raise RuntimeError("the stack did not become ready (API, then every worker)")
             time.sleep(0.2)
 
 
