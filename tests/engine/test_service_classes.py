@@ -30,11 +30,11 @@ def make_seq(prompt_len: int, max_tokens: int, service_class: str) -> Sequence:
 
 
 def scheduler(*, seqs: int = 8, budget: int = 256, blocks: int = 256, reserve_seqs: int = 2,
-              reserve_tokens: int = 32, priority: bool = True) -> Scheduler:
+              reserve_tokens: int = 32, priority: bool = True, batch_rows: int = 0) -> Scheduler:
     return Scheduler(block_manager=BlockManager(blocks, 4), stop_checker=NO_STOPS, max_num_seqs=seqs,
                      max_num_batched_tokens=budget,
                      interactive_reserve_seqs=reserve_seqs, interactive_reserve_tokens=reserve_tokens,
-                     interactive_priority=priority)
+                     interactive_priority=priority, interactive_batch_rows=batch_rows)
 
 
 def sim_step(sched: Scheduler):
@@ -222,3 +222,40 @@ def test_capacities_leave_the_reserve_to_interactive_jobs() -> None:
     assert (engine.admission_capacity(), engine.interactive_capacity()) == (0, 8)
     engine.add_request("i", [5, 6, 7], greedy(2), service_class="interactive")
     assert engine.interactive_capacity() == 7
+
+
+def _batch_rows(out) -> int:
+    return sum(s.num_new_tokens for s in out.scheduled if s.seq.is_batch)
+
+
+def test_while_interactive_work_is_present_batch_rows_are_capped_and_take_turns() -> None:
+    sched = scheduler(seqs=32, budget=256, blocks=512, reserve_seqs=0, reserve_tokens=0,
+                      batch_rows=5)
+    batch = [make_seq(3, 40, "batch") for _ in range(12)]
+    for s in batch:
+        sched.add(s)
+    first = sim_step(sched)  # no interactive work: no cap, every prompt at once
+    assert _batch_rows(first) == 12 * 3
+    urgent = make_seq(20, 30, "interactive")
+    sched.add(urgent)
+    out = sim_step(sched)
+    assert any(s.seq is urgent and s.num_new_tokens == 20 for s in out.scheduled)  # not capped
+    assert _batch_rows(out) == 5
+    progress = {s: s.num_output_tokens for s in batch}
+    for _ in range(4):  # 12 runners, 5 a step: within 3 steps every one advanced
+        assert _batch_rows(sim_step(sched)) <= 5
+    assert all(s.num_output_tokens > progress[s] for s in batch)
+    while urgent.status is not SequenceStatus.FINISHED:
+        sim_step(sched)
+    assert _batch_rows(sim_step(sched)) == 12  # the interactive request left: no cap again
+
+
+def test_the_cap_limits_batch_prompt_chunks_and_admission_too() -> None:
+    sched = scheduler(seqs=8, budget=256, blocks=512, reserve_seqs=0, reserve_tokens=0,
+                      batch_rows=16)
+    sched.add(make_seq(4, 50, "interactive"))
+    for _ in range(3):
+        sched.add(make_seq(40, 5, "batch"))
+    out = sim_step(sched)
+    assert _batch_rows(out) == 16  # one prompt's first chunk; the others wait for room
+    assert sum(1 for s in out.scheduled if s.seq.is_batch) == 1

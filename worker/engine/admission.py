@@ -18,6 +18,10 @@ waiting interactive requests are admitted before any batch one (the policy order
 class), and one that finds the slots or KV blocks full preempts the lowest-value batch
 runner (``pick_victim`` among batch sequences; swapped or recomputed as any preemption)
 so it starts in the same step; a runner that cannot grow preempts batch runners first.
+With ``interactive_batch_rows`` a step computes at most that many rows of batch work
+while an interactive sequence runs or waits (the batch runners take turns, each advancing
+every few steps), so the step an interactive request waits on, and the one computing its
+prompt, stay short.
 
 The ``static`` policy reproduces request-level batching: a cohort is admitted only when
 nothing runs, and runs until its longest member ends. ``static-padded`` is the same
@@ -28,6 +32,7 @@ its slot and its blocks and computes a pad row every step until the whole cohort
 from __future__ import annotations
 
 from collections import deque
+from itertools import chain
 
 from worker.engine import speculation
 from worker.engine.block_manager import BlockManager
@@ -56,6 +61,8 @@ class Admission:
     reserve_seqs: int  # batch admission leaves these slots free
     reserve_tokens: int  # and these tokens of the step budget
     interactive_priority: bool
+    interactive_batch_rows: int  # batch rows per step while interactive work is present
+    batch_turn: int  # the batch runner that goes first in the next capped step
     cohort_open: bool  # static policies: the cohort still takes members
 
     def _end_drained_cohort(self) -> None:
@@ -65,24 +72,56 @@ class Admission:
                 self.block_manager.free(seq)
             self.padding = []
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _batch_cap(self) -> int | None:
+        """Rows of batch work this step may compute: ``interactive_batch_rows`` while an
+        interactive sequence runs or waits, else no cap (None)."""
+        if not self.interactive_batch_rows:
+            return None
+        present = any(not s.is_batch for s in chain(self.running, self.waiting))
+        return self.interactive_batch_rows if present else None
+
+    def _batch_turns(self, cap: int) -> set[Sequence]:
+        """The batch runners left out of a step capped at ``cap`` batch rows: they take
+        turns, the next step starting after the last one this step runs."""
+        batch = [s for s in self.running if s.is_batch]
+        if len(batch) <= cap:
+            return set()
+        start = self.batch_turn % len(batch)
+        order = batch[start:] + batch[:start]
+        self.batch_turn = start + cap
+        return set(order[cap:])
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> tuple[int, int | None]:
+        """Plan the running sequences within ``budget`` rows; returns the budget left and
+        the rows of batch work the step may still take (None: no cap, see _batch_cap)."""
         bm = self.block_manager
+        cap = self._batch_cap()
+        left_out = self._batch_turns(cap) if cap is not None else set()
+        batch_rows = 0
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq in left_out or (cap is not None and seq.is_batch and batch_rows >= cap):
+                i += 1  # its turn comes in a later step
+                continue
             room = budget
             if seq.is_batch and self.reserve_tokens and seq.num_tokens - seq.num_computed_tokens > 1:
                 room = budget - self.reserve_tokens  # a batch prompt chunk leaves the reserve
                 if room <= 0:
                     i += 1
                     continue
+            if cap is not None and seq.is_batch:
+                room = min(room, cap - batch_rows)
             num_new = speculation.fit_drafts(seq, room, bm)
             target = seq.num_computed_tokens + num_new
             while not bm.can_grow(seq, target):
                 victim = self._victim()
                 if self.running.index(victim) < i:  # already planned this step: give back
                     i -= 1
-                    budget += self._preempt(victim, out)
+                    given_back = self._preempt(victim, out)
+                    budget += given_back
+                    if victim.is_batch:
+                        batch_rows -= given_back
                 else:
                     self._preempt(victim, out)
                 if victim is seq:
@@ -94,8 +133,10 @@ class Admission:
             bm.grow(seq, target)
             out.scheduled.append(ScheduledSequence(seq, num_new, len(seq.draft_token_ids)))
             budget -= num_new
+            if seq.is_batch:
+                batch_rows += num_new
             i += 1
-        return budget
+        return budget, None if cap is None else max(0, cap - batch_rows)
 
     def _schedule_padding(self, out: SchedulerOutput, budget: int) -> int:
         """Static-padded: one pad row per finished member, inside the token budget."""
@@ -128,8 +169,9 @@ class Admission:
             return self.cohort_open
         return True
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> str:
-        """Admit waiting sequences; return what stopped admission."""
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, batch_room: int | None) -> str:
+        """Admit waiting sequences (batch ones within ``batch_room`` rows, None: no cap);
+        return what stopped admission."""
         bm = self.block_manager
         while True:
             if not self.waiting:
@@ -153,6 +195,8 @@ class Admission:
             room = budget - self.reserve_tokens if seq.is_batch else budget
             if not self.enable_chunked_prefill and remaining > self.max_num_batched_tokens - self.reserve_tokens:
                 room = budget  # a whole prompt the reserve would never let in
+            if seq.is_batch and batch_room is not None:
+                room = min(room, batch_room)  # interactive work present: short steps
             if room <= 0:
                 return "budget"
             # Without chunked prefill a prompt waits for a step with room for all of it.
@@ -182,6 +226,8 @@ class Admission:
             out.scheduled.append(ScheduledSequence(seq, num_new))
             out.num_admitted += 1
             budget -= num_new
+            if seq.is_batch and batch_room is not None:
+                batch_room -= num_new
 
     def _preempt_lower_priority(self, incoming: Sequence, out: SchedulerOutput) -> bool:
         """Priority policy: make room for ``incoming`` by preempting a lower-priority runner.

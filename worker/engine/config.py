@@ -57,6 +57,11 @@ class EngineArgs:
     # ...and waiting interactive requests are admitted before batch ones, preempting the
     # lowest-value batch sequence when slots or KV blocks are full.
     interactive_priority: bool = True
+    # While interactive requests run or wait, a step computes at most this many rows of
+    # batch sequences (0: no cap); the running batch sequences take turns, so each still
+    # advances every few steps. Short steps are what an interactive request waits on: the
+    # one in progress when it arrives, and the one that computes its prompt.
+    interactive_batch_rows: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -75,10 +80,10 @@ class EngineArgs:
             )
         if self.swap_space < 0 or self.swap_min_tokens < 1:
             raise InvalidRequestError("swap_space must be >= 0 bytes and swap_min_tokens >= 1")
-        if self.interactive_reserve_seqs < 0 or self.interactive_reserve_tokens < 0:
-            raise InvalidRequestError(
-                "interactive_reserve_seqs and interactive_reserve_tokens must be >= 0"
-            )
+        if (self.interactive_reserve_seqs < 0 or self.interactive_reserve_tokens < 0
+                or self.interactive_batch_rows < 0):
+            raise InvalidRequestError("interactive_reserve_seqs, interactive_reserve_tokens "
+                                      "and interactive_batch_rows must be >= 0")
         if self.max_num_seqs < 1:
             raise InvalidRequestError(f"max_num_seqs={self.max_num_seqs}: must be >= 1")
         if self.max_num_batched_tokens < 1:

@@ -53,6 +53,7 @@ class Scheduler(Admission):
         interactive_reserve_seqs: int = 0,
         interactive_reserve_tokens: int = 0,
         interactive_priority: bool = False,
+        interactive_batch_rows: int = 0,
     ) -> None:
         self.block_manager = block_manager
         self.stop_checker = stop_checker
@@ -72,6 +73,8 @@ class Scheduler(Admission):
         self.reserve_seqs = min(interactive_reserve_seqs, max_num_seqs // 4) if classes else 0
         self.reserve_tokens = min(interactive_reserve_tokens, max_num_batched_tokens // 4) if classes else 0
         self.interactive_priority = interactive_priority and classes
+        self.interactive_batch_rows = interactive_batch_rows if classes else 0
+        self.batch_turn = 0  # where the batch runners' turns start in the next capped step
 
     # -- queues -----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -125,14 +128,14 @@ class Scheduler(Admission):
         """Plan one step within the token budget (see ``admission``); stamp the sequences
         that run in it with step number ``step`` (and ``now``, the first time)."""
         out = SchedulerOutput()
-        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        budget, batch_room = self._schedule_running(out, self.max_num_batched_tokens)
         budget = self._schedule_padding(out, budget)
         # After a preemption nothing new fits, except under the priority policy, where a
         # waiting request that outranks a runner may still take its place.
         if (
             not out.preempted or self.policy == "priority" or self._interactive_waiting()
         ) and self._may_admit():
-            stopped_by = self._admit_waiting(out, budget)
+            stopped_by = self._admit_waiting(out, budget, batch_room)
             if self.policy in COHORT_POLICIES and stopped_by != "budget":
                 self.cohort_open = False  # full, out of blocks, or nothing left to admit
         out.scheduled.sort(key=lambda s: not s.is_decode)  # decodes first (stable)
