@@ -21,13 +21,18 @@ from sqlalchemy import select
 from api.context import Context
 from api.control.batch_ids import line_job_id
 from api.control.input_lines import capped_lines, count_lines
-from api.control.staging import append_errors
+from api.control.staging import append_errors, staging_path
 from api.control.submit import LineError, Submission, new_job
 from worker.jobs.cancel import cancel_queued_of_batch
 from worker.jobs.enqueue import JobWrite, NotPublished, enqueuing
 from worker.protocol.openai_batch import format_error_line
 from worker.store.base import utcnow
-from worker.store.crud.batch_admin import get_progress, set_batch_status
+from worker.store.crud.batch_admin import (
+    ENDED,
+    get_progress,
+    hold_expandable,
+    set_batch_status,
+)
 from worker.store.crud.batches import get_batch
 from worker.store.crud.expansion import (
     EXPANDABLE,
@@ -221,7 +226,20 @@ def _commit_chunk(
             go_on = _record_chunk(ctx, write, batch_id, chunk, owner=owner, final=final)
     except NotPublished:
         return True  # committed: the reconciler publishes the chunk's jobs
+    if not go_on and chunk.errors:
+        _drop_orphan_staging(ctx, batch_id)
     return go_on
+
+
+def _drop_orphan_staging(ctx: Context, batch_id: str) -> None:
+    """A chunk refused after its errors were staged: when the batch has ended (its
+    finalizer already wrote the error file and removed the staging file, or it failed
+    and gets none), the staging file these errors re-created is nobody's; remove it."""
+    with ctx.session_factory() as session:
+        batch = get_batch(session=session, batch_id=batch_id)
+        ended = batch is None or batch.status in ENDED
+    if ended:
+        staging_path(ctx, batch_id).unlink(missing_ok=True)
 
 
 def _record_chunk(
@@ -229,11 +247,12 @@ def _record_chunk(
 ) -> bool:
     """The chunk's writes inside the enqueue transaction (see :func:`_commit_chunk`)."""
     session = write.session
-    # row lock: a concurrent cancel either lands before this chunk (which then stops)
-    # or after it (and then sees, and cancels, this chunk's jobs)
-    batch = session.get(Batch, batch_id, with_for_update=True)
-    if batch is None or batch.status not in EXPANDABLE:
+    # row held: a concurrent cancel or expiry either lands before this chunk (which then
+    # stops) or after it (and then sees, and cancels, this chunk's jobs)
+    if not hold_expandable(session=session, batch_id=batch_id):
         return False
+    batch = session.get(Batch, batch_id, populate_existing=True)
+    assert batch is not None
     progress = get_progress(session=session, batch_id=batch_id)
     if not holds_lease(progress=progress, owner=owner):
         log.warning(
@@ -267,6 +286,7 @@ def _fail(ctx: Context, batch_id: str, code: str, message: str) -> None:
             return
         batch.errors = [_error(code, message)]
         cancel_queued_of_batch(session=session, batch_id=batch_id)
+    staging_path(ctx, batch_id).unlink(missing_ok=True)  # a failed batch has no error file
 
 
 def _error(code: str, message: str) -> dict[str, object]:

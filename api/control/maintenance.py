@@ -12,7 +12,12 @@ from api.control.finalize import finalize_batch
 from worker.jobs.cancel import cancel_batch
 from worker.jobs.republish import reconcile
 from worker.store.base import utcnow
-from worker.store.crud.batch_admin import batches_in_status, expired_batch_ids, set_batch_status
+from worker.store.crud.batch_admin import (
+    batches_in_status,
+    expired_batch_ids,
+    set_batch_status,
+    start_expiry,
+)
 from worker.store.crud.expansion import stalled_expansions
 from worker.store.crud.files import delete_file, expired_files, get_file, open_batch_using
 from worker.store.crud.retention import delete_old_jobs, expire_job_results, prune_iterations
@@ -65,14 +70,22 @@ def cancel_batch_jobs(ctx: Context, *, batch_id: str) -> int:
 
 
 def expire_batches(ctx: Context) -> list[str]:
-    """Expire unfinished batches past their window: cancel what is left, write the files
-    (unfinished requests go to the error file as ``batch_expired``)."""
+    """Expire unfinished batches past their window; returns their ids. In this order:
+    out of expansion first (``finalizing``, ``expired_at`` set: no chunk commits after
+    it), then cancel the jobs left, then write the files (unfinished requests, and the
+    lines the expansion never read, go to the error file as ``batch_expired``). A
+    finalize that cannot run now (locked, or failed) is the 5 s beat's to finish."""
     with ctx.session_factory() as session:
         ids = expired_batch_ids(session=session)
+    expired: list[str] = []
     for batch_id in ids:
+        with ctx.session_factory.begin() as session:
+            if not start_expiry(session=session, batch_id=batch_id):
+                continue  # cancelled, finalized or failed since it was listed
+        expired.append(batch_id)
         cancel_batch_jobs(ctx, batch_id=batch_id)
-        finalize_batch(ctx, batch_id=batch_id, expiring=True)
-    return ids
+        finalize_batch(ctx, batch_id=batch_id)
+    return expired
 
 
 def prune_old_iterations(ctx: Context) -> int:

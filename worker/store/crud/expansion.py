@@ -10,10 +10,8 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from worker.store.base import utcnow
-from worker.store.crud.batch_admin import get_progress
+from worker.store.crud.batch_admin import EXPANDABLE, get_progress
 from worker.store.models import Batch, BatchProgress
-
-EXPANDABLE = ("validating", "in_progress")
 
 
 def claim_expansion(*, session: Session, batch_id: str, owner: str, ttl: timedelta) -> str:
