@@ -70,7 +70,11 @@ class Settings:
     # after the second, which must not be shorter.
     job_result_retention_days: float | None = 30.0
     job_retention_days: float | None = 90.0
-    retention_chunk: int = 1_000  # jobs per retention transaction
+    # Ended batches (rows and expansion progress) whose jobs are gone are deleted after
+    # this (None keeps forever); not shorter than job_retention_days.
+    batch_retention_days: float | None = 365.0
+    retention_chunk: int = 1_000  # jobs (or batches) per retention transaction
+    retention_interval: float = 3600.0  # seconds between runs of the retention beat task
     reconcile_grace: float = 30.0
     worker_timeout: float = 30.0
     auth_cache_ttl: float = 30.0
@@ -121,6 +125,8 @@ class Settings:
             iteration_retention_days=_env_float("INFLIGHT_ITERATION_RETENTION_DAYS", 7.0),
             job_result_retention_days=_env_days("INFLIGHT_JOB_RESULT_RETENTION_DAYS", 30.0),
             job_retention_days=_env_days("INFLIGHT_JOB_RETENTION_DAYS", 90.0),
+            batch_retention_days=_env_days("INFLIGHT_BATCH_RETENTION_DAYS", 365.0),
+            retention_interval=_env_float("INFLIGHT_RETENTION_INTERVAL", 3600.0),
             max_model_len=_env_int("INFLIGHT_MAX_MODEL_LEN", 0) or None,
             operator_key=os.environ.get("INFLIGHT_OPERATOR_KEY") or None,
             docs_enabled=_env_bool("INFLIGHT_DOCS", True),
@@ -157,6 +163,13 @@ class Settings:
                 f"INFLIGHT_JOB_RETENTION_DAYS ({row}) must be at least "
                 f"INFLIGHT_JOB_RESULT_RETENTION_DAYS ({'never' if result is None else result}): "
                 "a finished job's row cannot go before its result does"
+            )
+        batch, jobs = self.batch_retention_days, self.job_retention_days
+        if batch is not None and jobs is not None and batch < jobs:
+            raise ValueError(
+                f"INFLIGHT_BATCH_RETENTION_DAYS ({batch}) must be at least "
+                f"INFLIGHT_JOB_RETENTION_DAYS ({jobs}): "
+                "an ended batch's row cannot go before its jobs do"
             )
 
     @property

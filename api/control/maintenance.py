@@ -20,7 +20,12 @@ from worker.store.crud.batch_admin import (
 )
 from worker.store.crud.expansion import stalled_expansions
 from worker.store.crud.files import delete_file, expired_files, get_file, open_batch_using
-from worker.store.crud.retention import delete_old_jobs, expire_job_results, prune_iterations
+from worker.store.crud.retention import (
+    delete_old_batches,
+    delete_old_jobs,
+    expire_job_results,
+    prune_iterations,
+)
 from worker.store.crud.tenant_usage import lock_tenant
 
 EXPIRED_FILES_PER_RUN = 500
@@ -115,19 +120,25 @@ def _in_chunks(ctx: Context, step: Callable[..., int], **kw: object) -> int:
 def expire_old_jobs(ctx: Context) -> dict[str, int]:
     """Job retention: clear the request and result of jobs ended before
     ``job_result_retention_days``, then delete the rows of those ended before
-    ``job_retention_days`` (:mod:`worker.store.crud.retention` says which are kept)."""
-    results = rows = 0
+    ``job_retention_days``, then the rows of batches ended before
+    ``batch_retention_days`` whose jobs are gone (:mod:`worker.store.crud.retention` says
+    which are kept)."""
+    results = rows = batches = 0
     result_cutoff = _cutoff(ctx.settings.job_result_retention_days)
     if result_cutoff is not None:
         results = _in_chunks(ctx, expire_job_results, ended_before=result_cutoff, now=utcnow())
     row_cutoff = _cutoff(ctx.settings.job_retention_days)
     if row_cutoff is not None:
         rows = _in_chunks(ctx, delete_old_jobs, ended_before=row_cutoff)
-    return {"results_expired": results, "jobs_deleted": rows}
+    batch_cutoff = _cutoff(ctx.settings.batch_retention_days)
+    if batch_cutoff is not None:
+        batches = _in_chunks(ctx, delete_old_batches, ended_before=batch_cutoff)
+    return {"results_expired": results, "jobs_deleted": rows, "batches_deleted": batches}
 
 
 def apply_retention(ctx: Context) -> dict[str, int]:
-    """The hourly retention run: old iteration rows, then old jobs' results and rows."""
+    """The retention run (hourly: ``retention_interval``): old iteration rows, then old
+    jobs' results and rows, then old batches."""
     return {"iterations": prune_old_iterations(ctx), **expire_old_jobs(ctx)}
 
 
