@@ -61,6 +61,9 @@ class Settings:
     expand_chunk: int = 500  # batch lines per transaction + XADD pipeline
     max_queue_depth: int = 1_000_000  # entries per stream before 429 (0: no bound)
     expand_lease: float = 60.0  # an expansion not renewed (per chunk) this long is dead
+    # expansion runs without a committed chunk, and finalize runs, before the batch fails
+    expand_max_attempts: int = 5
+    finalize_max_attempts: int = 5
     webhook_max_attempts: int = 6
     webhook_backoff: float = 2.0  # first retry after this long, doubling
     webhook_timeout: float = 5.0
@@ -119,6 +122,8 @@ class Settings:
             beat_interval=_env_float("INFLIGHT_BEAT_INTERVAL", 5.0),
             expand_chunk=_env_int("INFLIGHT_EXPAND_CHUNK", 500),
             expand_lease=_env_float("INFLIGHT_EXPAND_LEASE", 60.0),
+            expand_max_attempts=_env_int("INFLIGHT_EXPAND_MAX_ATTEMPTS", 5),
+            finalize_max_attempts=_env_int("INFLIGHT_FINALIZE_MAX_ATTEMPTS", 5),
             max_queue_depth=_env_int("INFLIGHT_MAX_QUEUE_DEPTH", 1_000_000),
             webhook_max_attempts=_env_int("INFLIGHT_WEBHOOK_MAX_ATTEMPTS", 6),
             webhook_backoff=_env_float("INFLIGHT_WEBHOOK_BACKOFF", 2.0),

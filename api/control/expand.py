@@ -65,16 +65,22 @@ def expand_batch(ctx: Context, *, batch_id: str) -> str:
             batch_id=batch_id,
             owner=owner,
             ttl=timedelta(seconds=ctx.settings.expand_lease),
+            max_attempts=ctx.settings.expand_max_attempts,
         )
-        if claim != "claimed":
-            batch = get_batch(session=session, batch_id=batch_id)
-            return claim if claim in ("busy", "missing") or batch is None else batch.status
-        batch = get_batch(session=session, batch_id=batch_id)
-        assert batch is not None
         start_after = get_progress(session=session, batch_id=batch_id).lines_read
-        f = get_file(session=session, file_id=batch.input_file_id or "", tenant=batch.tenant)
-        seen_ids = set(session.scalars(select(Job.custom_id).where(Job.batch_id == batch_id)))
-        reader = _Reader(ctx, batch_id, owner, batch.endpoint, batch.tenant, seen_ids)
+        batch = get_batch(session=session, batch_id=batch_id)
+        if claim == "claimed":
+            assert batch is not None
+            f = get_file(session=session, file_id=batch.input_file_id or "", tenant=batch.tenant)
+            seen_ids = set(session.scalars(select(Job.custom_id).where(Job.batch_id == batch_id)))
+            reader = _Reader(ctx, batch_id, owner, batch.endpoint, batch.tenant, seen_ids)
+    if claim == "exhausted":
+        _fail(ctx, batch_id, "expansion_failed",
+              f"the expansion failed {ctx.settings.expand_max_attempts} times in a row after "
+              f"line {start_after} (INFLIGHT_EXPAND_MAX_ATTEMPTS)")
+        return _status(ctx, batch_id)
+    if claim != "claimed":
+        return claim if claim in ("busy", "missing") or batch is None else batch.status
     try:
         if f is None:
             _fail(ctx, batch_id, "input_file_missing", "the input file no longer exists")
@@ -83,6 +89,10 @@ def expand_batch(ctx: Context, *, batch_id: str) -> str:
     finally:
         with contextlib.suppress(Exception), ctx.session_factory.begin() as session:
             release_expansion(session=session, batch_id=batch_id, owner=owner)
+    return _status(ctx, batch_id)
+
+
+def _status(ctx: Context, batch_id: str) -> str:
     with ctx.session_factory() as session:
         batch = get_batch(session=session, batch_id=batch_id)
         return batch.status if batch else "missing"
@@ -207,6 +217,11 @@ def _take_line(
                 ),
             )
         )
+    except Exception:  # a line that breaks the checks fails alone, not its whole batch
+        log.exception("batch %s: line %d could not be checked", batch_id, line_no)
+        chunk.errors.append((line_no, format_error_line(
+            custom_id=None, request_id=line.job_id, code="internal_error", status_code=500,
+            message=f"line {line_no}: the request could not be checked; try it again")))
 
 
 def _commit_chunk(
@@ -261,6 +276,7 @@ def _record_chunk(
         return False
     write.insert()
     progress.lines_read = max(progress.lines_read, chunk.last_line)
+    progress.expand_attempts = 0  # progress made: the next failure counts from here
     progress.invalid_lines += len(chunk.errors)
     progress.lease_until = utcnow() + timedelta(seconds=ctx.settings.expand_lease)
     batch.request_total = (batch.request_total or 0) + len(chunk.jobs) + len(chunk.errors)

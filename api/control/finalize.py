@@ -24,6 +24,7 @@ from api.control.batch_ids import line_job_id, line_of_job
 from api.control.input_lines import unread_lines
 from api.control.staging import read_errors, staging_path
 from api.views import response_body
+from worker.jobs.cancel import cancel_batch
 from worker.protocol.openai_batch import (
     format_batch_output_line,
     format_error_line,
@@ -84,10 +85,16 @@ def _finalize(ctx: Context, batch_id: str, lock: RenewableLock) -> str:
                 return status
             if open_job_count(session=session, batch_id=batch_id):
                 return status
+        progress.finalize_attempts = (progress.finalize_attempts or 0) + 1  # kept if it fails
+        if progress.finalize_attempts > ctx.settings.finalize_max_attempts:
+            return _give_up(ctx, session, batch, progress.finalize_attempts - 1)
         if status == "in_progress":
             set_batch_status(session=session, batch_id=batch_id, status="finalizing")
         tenant, expires_after = batch.tenant, batch.output_expires_after
         unread = None if progress.expanded else _Unread.of(session, batch, progress.lines_read)
+    if expiring:  # what is still open ends now (queued) or gets its cancel (running)
+        cancel_batch(session_factory=ctx.session_factory, redis_client=ctx.redis,
+                     keys=ctx.keys, batch_id=batch_id)
     final = "expired" if expiring else _FINAL_OF[status]
     out_id, err_id, counts = _write_files(ctx, batch_id, tenant, final, lock, expires_after,
                                           unread)
@@ -103,6 +110,18 @@ def _finalize(ctx: Context, batch_id: str, lock: RenewableLock) -> str:
         set_batch_status(session=session, batch_id=batch_id, status=final)
     staging_path(ctx, batch_id).unlink(missing_ok=True)  # its lines are in the error file now
     return final
+
+
+def _give_up(ctx: Context, session: Any, batch: Any, attempts: int) -> str:
+    """Fail a batch whose files could not be written in ``attempts`` runs (its jobs have
+    ended, or had their cancel recorded: nothing of it is left to run); a failed batch
+    has no error file, so its staged errors go."""
+    batch.errors = [{"code": "finalize_failed", "param": None, "line": None,
+                     "message": f"the output files could not be written in {attempts} "
+                                "attempts (INFLIGHT_FINALIZE_MAX_ATTEMPTS)"}]
+    set_batch_status(session=session, batch_id=batch.id, status="failed")
+    staging_path(ctx, batch.id).unlink(missing_ok=True)
+    return "failed"
 
 
 @dataclass(frozen=True)
@@ -205,7 +224,11 @@ def _publish(session: Any, tenant: str, file_id: str, tmp: Path, path: Path, fil
 def _job_line(ctx: Context, job: Job) -> str | None:
     if job.status != "succeeded":
         return None
-    body = response_body(job, model_name=ctx.settings.model_name)
+    try:
+        body = response_body(job, model_name=ctx.settings.model_name)
+    except Exception:  # a stored result that cannot be rendered fails alone
+        log.exception("batch job %s: its result cannot be rendered", job.id)
+        return None
     if body is None:
         return None
     return format_batch_output_line(

@@ -4,6 +4,7 @@ rows, delete expired files."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
@@ -27,6 +28,8 @@ from worker.store.crud.retention import (
     prune_iterations,
 )
 from worker.store.crud.tenant_usage import lock_tenant
+
+log = logging.getLogger(__name__)
 
 EXPIRED_FILES_PER_RUN = 500
 """At most this many expired files are deleted per run of ``delete_expired_files`` (the
@@ -54,15 +57,20 @@ def stalled_expansion_ids(ctx: Context) -> list[str]:
 
 
 def finalize_ready_batches(ctx: Context) -> int:
-    """Finalize every in-progress or cancelling batch whose jobs have all ended."""
+    """Finalize every in-progress or cancelling batch whose jobs have all ended; one that
+    fails is logged (its attempt counted: see ``finalize_max_attempts``) and the others
+    go on."""
     with ctx.session_factory() as session:
         ids = batches_in_status(
             session=session, statuses=("in_progress", "cancelling", "finalizing")
         )
     done = 0
     for batch_id in ids:
-        if finalize_batch(ctx, batch_id=batch_id) in ("completed", "cancelled"):
-            done += 1
+        try:
+            if finalize_batch(ctx, batch_id=batch_id) in ("completed", "cancelled", "expired"):
+                done += 1
+        except Exception:
+            log.exception("batch %s: finalize failed; the next run tries again", batch_id)
     return done
 
 
@@ -77,9 +85,10 @@ def cancel_batch_jobs(ctx: Context, *, batch_id: str) -> int:
 def expire_batches(ctx: Context) -> list[str]:
     """Expire unfinished batches past their window; returns their ids. In this order:
     out of expansion first (``finalizing``, ``expired_at`` set: no chunk commits after
-    it), then cancel the jobs left, then write the files (unfinished requests, and the
-    lines the expansion never read, go to the error file as ``batch_expired``). A
-    finalize that cannot run now (locked, or failed) is the 5 s beat's to finish."""
+    it), then the finalizer cancels the jobs left and writes the files (unfinished
+    requests, and the lines the expansion never read, go to the error file as
+    ``batch_expired``). A finalize that cannot run now (locked, or failed) is the 5 s
+    beat's to finish, cancel included."""
     with ctx.session_factory() as session:
         ids = expired_batch_ids(session=session)
     expired: list[str] = []
@@ -88,8 +97,10 @@ def expire_batches(ctx: Context) -> list[str]:
             if not start_expiry(session=session, batch_id=batch_id):
                 continue  # cancelled, finalized or failed since it was listed
         expired.append(batch_id)
-        cancel_batch_jobs(ctx, batch_id=batch_id)
-        finalize_batch(ctx, batch_id=batch_id)
+        try:
+            finalize_batch(ctx, batch_id=batch_id)
+        except Exception:  # it is finalizing: the 5 s finalize run takes it from here
+            log.exception("batch %s: expired, its files not written yet", batch_id)
     return expired
 
 

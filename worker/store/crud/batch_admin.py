@@ -88,7 +88,8 @@ def get_progress(*, session: Session, batch_id: str) -> BatchProgress:
     """The batch's progress row (created, not committed, when missing)."""
     row = session.get(BatchProgress, batch_id)
     if row is None:
-        row = BatchProgress(batch_id=batch_id, lines_read=0, invalid_lines=0, expanded=0)
+        row = BatchProgress(batch_id=batch_id, lines_read=0, invalid_lines=0, expanded=0,
+                            expand_attempts=0, finalize_attempts=0)
         session.add(row)
     return row
 
