@@ -24,7 +24,6 @@ from api.control.batch_ids import line_job_id, line_of_job
 from api.control.input_lines import unread_lines
 from api.control.staging import read_errors, staging_path
 from api.views import response_body
-from worker.jobs.cancel import cancel_batch
 from worker.protocol.openai_batch import (
     format_batch_output_line,
     format_error_line,
@@ -92,9 +91,6 @@ def _finalize(ctx: Context, batch_id: str, lock: RenewableLock) -> str:
             set_batch_status(session=session, batch_id=batch_id, status="finalizing")
         tenant, expires_after = batch.tenant, batch.output_expires_after
         unread = None if progress.expanded else _Unread.of(session, batch, progress.lines_read)
-    if expiring:  # what is still open ends now (queued) or gets its cancel (running)
-        cancel_batch(session_factory=ctx.session_factory, redis_client=ctx.redis,
-                     keys=ctx.keys, batch_id=batch_id)
     final = "expired" if expiring else _FINAL_OF[status]
     out_id, err_id, counts = _write_files(ctx, batch_id, tenant, final, lock, expires_after,
                                           unread)

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from api.context import Context
 from api.control.finalize import finalize_batch
-from worker.jobs.cancel import cancel_batch
+from worker.jobs.cancel import cancel_batch, cancel_open_of_batch, signal_cancels
 from worker.jobs.republish import reconcile
 from worker.store.base import utcnow
 from worker.store.crud.batch_admin import (
@@ -84,11 +84,11 @@ def cancel_batch_jobs(ctx: Context, *, batch_id: str) -> int:
 
 def expire_batches(ctx: Context) -> list[str]:
     """Expire unfinished batches past their window; returns their ids. In this order:
-    out of expansion first (``finalizing``, ``expired_at`` set: no chunk commits after
-    it), then the finalizer cancels the jobs left and writes the files (unfinished
-    requests, and the lines the expansion never read, go to the error file as
-    ``batch_expired``). A finalize that cannot run now (locked, or failed) is the 5 s
-    beat's to finish, cancel included."""
+    out of expansion (``finalizing``, ``expired_at`` set: no chunk commits after it) and
+    its open jobs cancelled in the same transaction (none starts in between), then the
+    running ones signalled and the files written (unfinished requests, and the lines the
+    expansion never read, go to the error file as ``batch_expired``). A finalize that
+    cannot run now (locked, or failed) is the 5 s beat's to finish."""
     with ctx.session_factory() as session:
         ids = expired_batch_ids(session=session)
     expired: list[str] = []
@@ -96,8 +96,10 @@ def expire_batches(ctx: Context) -> list[str]:
         with ctx.session_factory.begin() as session:
             if not start_expiry(session=session, batch_id=batch_id):
                 continue  # cancelled, finalized or failed since it was listed
+            running = cancel_open_of_batch(session=session, batch_id=batch_id)
         expired.append(batch_id)
         try:
+            signal_cancels(redis_client=ctx.redis, keys=ctx.keys, job_ids=running)
             finalize_batch(ctx, batch_id=batch_id)
         except Exception:  # it is finalizing: the 5 s finalize run takes it from here
             log.exception("batch %s: expired, its files not written yet", batch_id)
@@ -177,11 +179,17 @@ def delete_expired_files(ctx: Context, *, limit: int = EXPIRED_FILES_PER_RUN) ->
 
 
 def mark_cancelling(ctx: Context, *, batch_id: str) -> bool:
-    """Move a batch to ``cancelling`` (from validating or in_progress)."""
+    """Move a batch to ``cancelling`` (from validating or in_progress) and cancel its open
+    jobs in the same transaction (no job of it starts in between: a queued one ends, a
+    running one gets its cancel recorded), then signal the running ones."""
     with ctx.session_factory.begin() as session:
-        return set_batch_status(
+        if not set_batch_status(
             session=session,
             batch_id=batch_id,
             status="cancelling",
             only_from=("validating", "in_progress"),
-        )
+        ):
+            return False
+        running = cancel_open_of_batch(session=session, batch_id=batch_id)
+    signal_cancels(redis_client=ctx.redis, keys=ctx.keys, job_ids=running)
+    return True
