@@ -172,6 +172,8 @@ class Traffic:
         """A job; a third with a webhook (ok, flaky, or to a dead port)."""
         tenant = self.rng.randrange(len(self.clients))
         body = self._body(self.counts["jobs"])
+        if self.rng.random() < 0.1:  # a grammar: compiled by the API's and the worker's helpers
+            body["guided_choice"] = ["yes", "no", f"maybe {self.rng.randrange(50)}"]
         hook = self.rng.random()
         if hook < 0.2:
             body["callback_url"] = self.receiver.url("ok")

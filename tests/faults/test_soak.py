@@ -23,6 +23,7 @@ pytestmark = pytest.mark.services
 SOAK_S = float(os.environ.get("INFLIGHT_FAULT_SOAK_S", "45"))
 
 
+@pytest.mark.timeout(SOAK_S + 1800)  # start-up, drain and the last retention run on top
 def test_soak_stays_within_its_bounds(pg_available, redis_available, tmp_path: Path) -> None:
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
