@@ -24,8 +24,11 @@ lint: setup
 	.venv/bin/lint-imports
 
 # The fault suite alone, with each scenario's wall time (the figures of docs/reliability.md);
-# PostgreSQL stays unreachable 90 s here (12 s in CI), and the thrice-killed worker runs
-# 500 jobs (120 in CI).
+# PostgreSQL stays unreachable 90 s here (12 s in CI), the thrice-killed worker runs
+# 500 jobs (120 in CI), the soak runs an hour of traffic (45 s in CI; samples, report and
+# plot in out/soak) and the property test 60 examples (6 in CI).
 faults: setup
 	bash scripts/services.sh
-	INFLIGHT_FAULT_PG_OUTAGE_S=90 INFLIGHT_FAULT_KILL_JOBS=500 .venv/bin/python -m pytest tests/faults -q -p no:cacheprovider --durations=0
+	INFLIGHT_FAULT_PG_OUTAGE_S=90 INFLIGHT_FAULT_KILL_JOBS=500 INFLIGHT_FAULT_SOAK_S=3600 \
+	INFLIGHT_FAULT_SOAK_OUT=out/soak HYPOTHESIS_PROFILE=faults \
+	.venv/bin/python -m pytest tests/faults -q -p no:cacheprovider --durations=0

@@ -20,7 +20,7 @@ from api.tracing import TracingMiddleware
 def create_app(settings: Settings | None = None, *, ctx: Context | None = None) -> FastAPI:
     """Build the API app. Pools are created here but connect on first use; in eager mode
     the in-process beat starts with the app's lifespan and stops with it."""
-    from api.control.celery_app import Dispatcher, EmbeddedBeat, make_celery
+    from api.control.celery_app import Dispatcher, EmbeddedBeat, beat_schedule, make_celery
     from api.routers import (
         batches,
         completions,
@@ -36,7 +36,9 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     settings = settings or (ctx.settings if ctx else Settings.from_env())
     context = ctx or make_context(settings)
     celery = make_celery(settings, lambda: context)
-    beat = EmbeddedBeat(celery, interval=settings.beat_interval) if settings.celery_eager else None
+    beat = (EmbeddedBeat(celery, interval=settings.beat_interval,
+                         schedule=beat_schedule(settings))
+            if settings.celery_eager else None)
     dispatcher = Dispatcher(celery)
 
     @asynccontextmanager

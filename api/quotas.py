@@ -78,6 +78,21 @@ def check_batch_quota(ctx: Context, session: Session, tenant: str) -> None:
                   adding=1, what="{n} batches open", retry_after=60)
 
 
+def precheck_storage_quota(ctx: Context, tenant: str, adding: int) -> None:
+    """Before an upload is copied to storage: 429 when ``adding`` more bytes would pass
+    the tenant's stored-bytes quota as it is now (no lock: the exact check is
+    :func:`check_storage_quota`, where the file is recorded), so a tenant over its quota
+    has nothing written to storage."""
+    limit = ctx.settings.quota_stored_bytes
+    if not limit:
+        return
+    with ctx.session_factory() as session:
+        n = stored_bytes(session=session, tenant=tenant)
+        session.rollback()
+    if n + adding > limit:
+        raise _over(f"{n} bytes stored, {adding} more asked", limit, 3600, param="file")
+
+
 def check_storage_quota(ctx: Context, session: Session, tenant: str, adding: int) -> None:
     """Inside the transaction that records a file of ``adding`` bytes: the tenant's stored
     bytes."""

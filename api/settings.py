@@ -84,6 +84,9 @@ class Settings:
     expand_chunk: int = 500  # batch lines per transaction + XADD pipeline
     max_queue_depth: int = 1_000_000  # entries per stream before 429 (0: no bound)
     expand_lease: float = 60.0  # an expansion not renewed (per chunk) this long is dead
+    # expansion runs without a committed chunk, and finalize runs, before the batch fails
+    expand_max_attempts: int = 5
+    finalize_max_attempts: int = 5
     webhook_max_attempts: int = 6
     webhook_backoff: float = 2.0  # first retry after this long, doubling
     webhook_timeout: float = 5.0
@@ -93,7 +96,11 @@ class Settings:
     # after the second, which must not be shorter.
     job_result_retention_days: float | None = 30.0
     job_retention_days: float | None = 90.0
-    retention_chunk: int = 1_000  # jobs per retention transaction
+    # Ended batches (rows and expansion progress) whose jobs are gone are deleted after
+    # this (None keeps forever); not shorter than job_retention_days.
+    batch_retention_days: float | None = 365.0
+    retention_chunk: int = 1_000  # jobs (or batches) per retention transaction
+    retention_interval: float = 3600.0  # seconds between runs of the retention beat task
     reconcile_grace: float = 30.0
     worker_timeout: float = 30.0
     auth_cache_ttl: float = 30.0
@@ -150,12 +157,16 @@ class Settings:
             beat_interval=_env_float("INFLIGHT_BEAT_INTERVAL", 5.0),
             expand_chunk=_env_int("INFLIGHT_EXPAND_CHUNK", 500),
             expand_lease=_env_float("INFLIGHT_EXPAND_LEASE", 60.0),
+            expand_max_attempts=_env_int("INFLIGHT_EXPAND_MAX_ATTEMPTS", 5),
+            finalize_max_attempts=_env_int("INFLIGHT_FINALIZE_MAX_ATTEMPTS", 5),
             max_queue_depth=_env_int("INFLIGHT_MAX_QUEUE_DEPTH", 1_000_000),
             webhook_max_attempts=_env_int("INFLIGHT_WEBHOOK_MAX_ATTEMPTS", 6),
             webhook_backoff=_env_float("INFLIGHT_WEBHOOK_BACKOFF", 2.0),
             iteration_retention_days=_env_float("INFLIGHT_ITERATION_RETENTION_DAYS", 7.0),
             job_result_retention_days=_env_days("INFLIGHT_JOB_RESULT_RETENTION_DAYS", 30.0),
             job_retention_days=_env_days("INFLIGHT_JOB_RETENTION_DAYS", 90.0),
+            batch_retention_days=_env_days("INFLIGHT_BATCH_RETENTION_DAYS", 365.0),
+            retention_interval=_env_float("INFLIGHT_RETENTION_INTERVAL", 3600.0),
             max_model_len=_env_int("INFLIGHT_MAX_MODEL_LEN", 0) or None,
             operator_key=os.environ.get("INFLIGHT_OPERATOR_KEY") or None,
             docs_enabled=_env_bool("INFLIGHT_DOCS", True),
@@ -199,6 +210,13 @@ class Settings:
                 f"INFLIGHT_JOB_RETENTION_DAYS ({row}) must be at least "
                 f"INFLIGHT_JOB_RESULT_RETENTION_DAYS ({'never' if result is None else result}): "
                 "a finished job's row cannot go before its result does"
+            )
+        batch, jobs = self.batch_retention_days, self.job_retention_days
+        if batch is not None and jobs is not None and batch < jobs:
+            raise ValueError(
+                f"INFLIGHT_BATCH_RETENTION_DAYS ({batch}) must be at least "
+                f"INFLIGHT_JOB_RETENTION_DAYS ({jobs}): "
+                "an ended batch's row cannot go before its jobs do"
             )
 
     @property

@@ -36,6 +36,7 @@ class ServiceStack:
     prefix: str
     api: subprocess.Popen
     workers: list[subprocess.Popen] = field(default_factory=list)
+    storage: Path | None = None  # the API's file storage directory
 
     def client(self, timeout: float = 60.0) -> httpx.Client:
         """An HTTP client for the API, authenticated as the stack's tenant."""
@@ -67,16 +68,19 @@ def throwaway_database(prefix: str = "inflight_bench") -> Iterator[str]:
 def service_stack(*, model: str = "tiny-llama", workers: int = 1, api_workers: int = 1,
                   redis_url: str = "redis://127.0.0.1:6379/12", database_url: str | None = None,
                   beat_interval: float = 5.0, worker_args: tuple[str, ...] = (),
-                  tenant: str = "bench") -> Iterator[ServiceStack]:
+                  tenant: str = "bench", env: dict[str, str] | None = None,
+                  log_dir: Path | None = None) -> Iterator[ServiceStack]:
     """Start the stack, wait until the API is ready, yield it; stop and remove everything
-    on the way out (the database only if it was made here)."""
+    on the way out (the database only if it was made here). ``env`` adds to the
+    processes' environment (``INFLIGHT_*`` settings); with ``log_dir`` each process
+    writes its output to ``<name>.log`` there."""
     from api.serve_thread import free_port
 
     prefix = f"inflight-bench-{uuid.uuid4().hex[:8]}"
     storage = Path(f"/tmp/{prefix}-files")
     procs: list[subprocess.Popen] = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-           "INFLIGHT_BEAT_INTERVAL": str(beat_interval)}
+           "INFLIGHT_BEAT_INTERVAL": str(beat_interval), **(env or {})}
     database = (contextlib.nullcontext(database_url) if database_url is not None
                 else throwaway_database())
     with database as db_url:
@@ -86,13 +90,14 @@ def service_stack(*, model: str = "tiny-llama", workers: int = 1, api_workers: i
             port = free_port()
             procs.append(_start(["api", "--port", str(port), *common, "--storage-dir",
                                  str(storage), "--workers", str(api_workers), "--log-level",
-                                 "warning"], env))
+                                 "warning"], env, log_dir, "api"))
             for i in range(workers):
                 procs.append(_start(["worker", "--model", model, *common, "--name",
-                                     f"bench-{i}", "--log-level", "WARNING", *worker_args], env))
+                                     f"bench-{i}", "--log-level", "WARNING", *worker_args], env,
+                                    log_dir, f"worker-{i}"))
             stack = ServiceStack(base_url=f"http://127.0.0.1:{port}", api_key=key,
                                  database_url=db_url, redis_url=redis_url, prefix=prefix,
-                                 api=procs[0], workers=procs[1:])
+                                 api=procs[0], workers=procs[1:], storage=storage)
             _wait_ready(stack)
             yield stack
         finally:
@@ -101,8 +106,14 @@ def service_stack(*, model: str = "tiny-llama", workers: int = 1, api_workers: i
             shutil.rmtree(storage, ignore_errors=True)
 
 
-def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env)
+def _start(args: list[str], env: dict[str, str], log_dir: Path | None = None,
+           name: str = "") -> subprocess.Popen:
+    if log_dir is None:
+        return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
+        return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
 
 
 def _prepare_database(db_url: str, tenant: str) -> str:

@@ -35,6 +35,12 @@ BEAT_SCHEDULE: dict[str, float] = {
 }
 
 
+def beat_schedule(settings: Settings) -> dict[str, float]:
+    """The beat schedule with the settings' periods (the retention run's is
+    ``retention_interval``)."""
+    return {**BEAT_SCHEDULE, "inflight.prune_iterations": settings.retention_interval}
+
+
 def make_celery(settings: Settings, get_ctx: Callable[[], Context]) -> Celery:
     """A Celery app whose tasks run against the Context ``get_ctx()`` returns."""
     app = Celery("inflight", broker=settings.celery_broker)
@@ -47,7 +53,8 @@ def make_celery(settings: Settings, get_ctx: Callable[[], Context]) -> Celery:
         task_default_queue=f"{settings.prefix}:control",
         broker_connection_retry_on_startup=True,
         beat_schedule={
-            name: {"task": name, "schedule": every} for name, every in BEAT_SCHEDULE.items()
+            name: {"task": name, "schedule": every}
+            for name, every in beat_schedule(settings).items()
         },
     )
     _register(app, get_ctx)
@@ -177,9 +184,11 @@ class EmbeddedBeat:
     """In eager mode: a daemon thread running the beat schedule in-process, every
     ``interval`` seconds at most (the schedule's own periods are respected)."""
 
-    def __init__(self, app: Celery, *, interval: float) -> None:
+    def __init__(self, app: Celery, *, interval: float,
+                 schedule: dict[str, float] | None = None) -> None:
         self.app = app
         self.interval = interval
+        self.schedule = BEAT_SCHEDULE if schedule is None else schedule
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next: dict[str, float] = {}
@@ -193,7 +202,7 @@ class EmbeddedBeat:
 
     def tick(self, now: float) -> None:
         """Run every task that is due at ``now`` (monotonic seconds)."""
-        for name, every in BEAT_SCHEDULE.items():
+        for name, every in self.schedule.items():
             if now >= self._next.get(name, 0.0):
                 self._next[name] = now + (self.interval if every < 10 else every)
                 try:

@@ -22,14 +22,19 @@ from api.context import Context
 from api.control.batch_ids import line_job_id
 from api.control.input_lines import capped_lines, count_lines
 from api.control.models import model_of_batch_file
-from api.control.staging import append_errors
+from api.control.staging import append_errors, staging_path
 from api.control.submit import LineError, Submission, new_job
 from api.errors import ApiError
 from worker.jobs.cancel import cancel_queued_of_batch
 from worker.jobs.enqueue import JobWrite, NotPublished, enqueuing
 from worker.protocol.openai_batch import format_error_line
 from worker.store.base import utcnow
-from worker.store.crud.batch_admin import get_progress, set_batch_status
+from worker.store.crud.batch_admin import (
+    ENDED,
+    get_progress,
+    hold_expandable,
+    set_batch_status,
+)
 from worker.store.crud.batches import get_batch
 from worker.store.crud.expansion import (
     EXPANDABLE,
@@ -62,17 +67,23 @@ def expand_batch(ctx: Context, *, batch_id: str) -> str:
             batch_id=batch_id,
             owner=owner,
             ttl=timedelta(seconds=ctx.settings.expand_lease),
+            max_attempts=ctx.settings.expand_max_attempts,
         )
-        if claim != "claimed":
-            batch = get_batch(session=session, batch_id=batch_id)
-            return claim if claim in ("busy", "missing") or batch is None else batch.status
-        batch = get_batch(session=session, batch_id=batch_id)
-        assert batch is not None
         start_after = get_progress(session=session, batch_id=batch_id).lines_read
-        f = get_file(session=session, file_id=batch.input_file_id or "", tenant=batch.tenant)
-        seen_ids = set(session.scalars(select(Job.custom_id).where(Job.batch_id == batch_id)))
-        reader = _Reader(ctx, batch_id, owner, batch.endpoint, batch.tenant, seen_ids,
-                         batch.model)
+        batch = get_batch(session=session, batch_id=batch_id)
+        if claim == "claimed":
+            assert batch is not None
+            f = get_file(session=session, file_id=batch.input_file_id or "", tenant=batch.tenant)
+            seen_ids = set(session.scalars(select(Job.custom_id).where(Job.batch_id == batch_id)))
+            reader = _Reader(ctx, batch_id, owner, batch.endpoint, batch.tenant, seen_ids,
+                             batch.model)
+    if claim == "exhausted":
+        _fail(ctx, batch_id, "expansion_failed",
+              f"the expansion failed {ctx.settings.expand_max_attempts} times in a row after "
+              f"line {start_after} (INFLIGHT_EXPAND_MAX_ATTEMPTS)")
+        return _status(ctx, batch_id)
+    if claim != "claimed":
+        return claim if claim in ("busy", "missing") or batch is None else batch.status
     try:
         if f is None:
             _fail(ctx, batch_id, "input_file_missing", "the input file no longer exists")
@@ -81,6 +92,10 @@ def expand_batch(ctx: Context, *, batch_id: str) -> str:
     finally:
         with contextlib.suppress(Exception), ctx.session_factory.begin() as session:
             release_expansion(session=session, batch_id=batch_id, owner=owner)
+    return _status(ctx, batch_id)
+
+
+def _status(ctx: Context, batch_id: str) -> str:
     with ctx.session_factory() as session:
         batch = get_batch(session=session, batch_id=batch_id)
         return batch.status if batch else "missing"
@@ -221,6 +236,11 @@ def _take_line(
                 ),
             )
         )
+    except Exception:  # a line that breaks the checks fails alone, not its whole batch
+        log.exception("batch %s: line %d could not be checked", batch_id, line_no)
+        chunk.errors.append((line_no, format_error_line(
+            custom_id=None, request_id=line.job_id, code="internal_error", status_code=500,
+            message=f"line {line_no}: the request could not be checked; try it again")))
 
 
 def _commit_chunk(
@@ -240,7 +260,20 @@ def _commit_chunk(
             go_on = _record_chunk(ctx, write, batch_id, chunk, owner=owner, final=final)
     except NotPublished:
         return True  # committed: the reconciler publishes the chunk's jobs
+    if not go_on and chunk.errors:
+        _drop_orphan_staging(ctx, batch_id)
     return go_on
+
+
+def _drop_orphan_staging(ctx: Context, batch_id: str) -> None:
+    """A chunk refused after its errors were staged: when the batch has ended (its
+    finalizer already wrote the error file and removed the staging file, or it failed
+    and gets none), the staging file these errors re-created is nobody's; remove it."""
+    with ctx.session_factory() as session:
+        batch = get_batch(session=session, batch_id=batch_id)
+        ended = batch is None or batch.status in ENDED
+    if ended:
+        staging_path(ctx, batch_id).unlink(missing_ok=True)
 
 
 def _record_chunk(
@@ -248,11 +281,12 @@ def _record_chunk(
 ) -> bool:
     """The chunk's writes inside the enqueue transaction (see :func:`_commit_chunk`)."""
     session = write.session
-    # row lock: a concurrent cancel either lands before this chunk (which then stops)
-    # or after it (and then sees, and cancels, this chunk's jobs)
-    batch = session.get(Batch, batch_id, with_for_update=True)
-    if batch is None or batch.status not in EXPANDABLE:
+    # row held: a concurrent cancel or expiry either lands before this chunk (which then
+    # stops) or after it (and then sees, and cancels, this chunk's jobs)
+    if not hold_expandable(session=session, batch_id=batch_id):
         return False
+    batch = session.get(Batch, batch_id, populate_existing=True)
+    assert batch is not None
     progress = get_progress(session=session, batch_id=batch_id)
     if not holds_lease(progress=progress, owner=owner):
         log.warning(
@@ -261,6 +295,7 @@ def _record_chunk(
         return False
     write.insert()
     progress.lines_read = max(progress.lines_read, chunk.last_line)
+    progress.expand_attempts = 0  # progress made: the next failure counts from here
     progress.invalid_lines += len(chunk.errors)
     progress.lease_until = utcnow() + timedelta(seconds=ctx.settings.expand_lease)
     batch.request_total = (batch.request_total or 0) + len(chunk.jobs) + len(chunk.errors)
@@ -286,6 +321,7 @@ def _fail(ctx: Context, batch_id: str, code: str, message: str) -> None:
             return
         batch.errors = [_error(code, message)]
         cancel_queued_of_batch(session=session, batch_id=batch_id)
+    staging_path(ctx, batch_id).unlink(missing_ok=True)  # a failed batch has no error file
 
 
 def _error(code: str, message: str) -> dict[str, object]:

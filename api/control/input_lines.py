@@ -77,3 +77,13 @@ def capped_lines(src: BinaryIO, *, max_bytes: int) -> Iterator[tuple[bytes | Non
                 break
             size += len(line)
         yield None, size
+
+
+def unread_lines(path: str, *, after: int, max_bytes: int) -> Iterator[tuple[int, bytes | None]]:
+    """The request lines of the file after line ``after`` (what an expansion stopped
+    before reading): (line number, the line, or None when it is over ``max_bytes``), blank
+    lines skipped as the expansion skips them."""
+    with open(path, "rb") as src:
+        for line_no, (raw, _) in enumerate(capped_lines(src, max_bytes=max_bytes), start=1):
+            if line_no > after and (raw is None or raw.strip()):
+                yield line_no, raw

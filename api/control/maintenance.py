@@ -4,19 +4,32 @@ rows, delete expired files."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from api.context import Context
 from api.control.finalize import finalize_batch
-from worker.jobs.cancel import cancel_batch
+from worker.jobs.cancel import cancel_batch, cancel_open_of_batch, signal_cancels
 from worker.jobs.republish import reconcile
 from worker.store.base import utcnow
-from worker.store.crud.batch_admin import batches_in_status, expired_batch_ids, set_batch_status
+from worker.store.crud.batch_admin import (
+    batches_in_status,
+    expired_batch_ids,
+    set_batch_status,
+    start_expiry,
+)
 from worker.store.crud.expansion import stalled_expansions
 from worker.store.crud.files import delete_file, expired_files, get_file, open_batch_using
-from worker.store.crud.retention import delete_old_jobs, expire_job_results, prune_iterations
+from worker.store.crud.retention import (
+    delete_old_batches,
+    delete_old_jobs,
+    expire_job_results,
+    prune_iterations,
+)
 from worker.store.crud.tenant_usage import lock_tenant
+
+log = logging.getLogger(__name__)
 
 EXPIRED_FILES_PER_RUN = 500
 """At most this many expired files are deleted per run of ``delete_expired_files`` (the
@@ -44,15 +57,20 @@ def stalled_expansion_ids(ctx: Context) -> list[str]:
 
 
 def finalize_ready_batches(ctx: Context) -> int:
-    """Finalize every in-progress or cancelling batch whose jobs have all ended."""
+    """Finalize every in-progress or cancelling batch whose jobs have all ended; one that
+    fails is logged (its attempt counted: see ``finalize_max_attempts``) and the others
+    go on."""
     with ctx.session_factory() as session:
         ids = batches_in_status(
             session=session, statuses=("in_progress", "cancelling", "finalizing")
         )
     done = 0
     for batch_id in ids:
-        if finalize_batch(ctx, batch_id=batch_id) in ("completed", "cancelled"):
-            done += 1
+        try:
+            if finalize_batch(ctx, batch_id=batch_id) in ("completed", "cancelled", "expired"):
+                done += 1
+        except Exception:
+            log.exception("batch %s: finalize failed; the next run tries again", batch_id)
     return done
 
 
@@ -65,14 +83,27 @@ def cancel_batch_jobs(ctx: Context, *, batch_id: str) -> int:
 
 
 def expire_batches(ctx: Context) -> list[str]:
-    """Expire unfinished batches past their window: cancel what is left, write the files
-    (unfinished requests go to the error file as ``batch_expired``)."""
+    """Expire unfinished batches past their window; returns their ids. In this order:
+    out of expansion (``finalizing``, ``expired_at`` set: no chunk commits after it) and
+    its open jobs cancelled in the same transaction (none starts in between), then the
+    running ones signalled and the files written (unfinished requests, and the lines the
+    expansion never read, go to the error file as ``batch_expired``). A finalize that
+    cannot run now (locked, or failed) is the 5 s beat's to finish."""
     with ctx.session_factory() as session:
         ids = expired_batch_ids(session=session)
+    expired: list[str] = []
     for batch_id in ids:
-        cancel_batch_jobs(ctx, batch_id=batch_id)
-        finalize_batch(ctx, batch_id=batch_id, expiring=True)
-    return ids
+        with ctx.session_factory.begin() as session:
+            if not start_expiry(session=session, batch_id=batch_id):
+                continue  # cancelled, finalized or failed since it was listed
+            running = cancel_open_of_batch(session=session, batch_id=batch_id)
+        expired.append(batch_id)
+        try:
+            signal_cancels(redis_client=ctx.redis, keys=ctx.keys, job_ids=running)
+            finalize_batch(ctx, batch_id=batch_id)
+        except Exception:  # it is finalizing: the 5 s finalize run takes it from here
+            log.exception("batch %s: expired, its files not written yet", batch_id)
+    return expired
 
 
 def prune_old_iterations(ctx: Context) -> int:
@@ -102,19 +133,25 @@ def _in_chunks(ctx: Context, step: Callable[..., int], **kw: object) -> int:
 def expire_old_jobs(ctx: Context) -> dict[str, int]:
     """Job retention: clear the request and result of jobs ended before
     ``job_result_retention_days``, then delete the rows of those ended before
-    ``job_retention_days`` (:mod:`worker.store.crud.retention` says which are kept)."""
-    results = rows = 0
+    ``job_retention_days``, then the rows of batches ended before
+    ``batch_retention_days`` whose jobs are gone (:mod:`worker.store.crud.retention` says
+    which are kept)."""
+    results = rows = batches = 0
     result_cutoff = _cutoff(ctx.settings.job_result_retention_days)
     if result_cutoff is not None:
         results = _in_chunks(ctx, expire_job_results, ended_before=result_cutoff, now=utcnow())
     row_cutoff = _cutoff(ctx.settings.job_retention_days)
     if row_cutoff is not None:
         rows = _in_chunks(ctx, delete_old_jobs, ended_before=row_cutoff)
-    return {"results_expired": results, "jobs_deleted": rows}
+    batch_cutoff = _cutoff(ctx.settings.batch_retention_days)
+    if batch_cutoff is not None:
+        batches = _in_chunks(ctx, delete_old_batches, ended_before=batch_cutoff)
+    return {"results_expired": results, "jobs_deleted": rows, "batches_deleted": batches}
 
 
 def apply_retention(ctx: Context) -> dict[str, int]:
-    """The hourly retention run: old iteration rows, then old jobs' results and rows."""
+    """The retention run (hourly: ``retention_interval``): old iteration rows, then old
+    jobs' results and rows, then old batches."""
     return {"iterations": prune_old_iterations(ctx), **expire_old_jobs(ctx)}
 
 
@@ -142,11 +179,17 @@ def delete_expired_files(ctx: Context, *, limit: int = EXPIRED_FILES_PER_RUN) ->
 
 
 def mark_cancelling(ctx: Context, *, batch_id: str) -> bool:
-    """Move a batch to ``cancelling`` (from validating or in_progress)."""
+    """Move a batch to ``cancelling`` (from validating or in_progress) and cancel its open
+    jobs in the same transaction (no job of it starts in between: a queued one ends, a
+    running one gets its cancel recorded), then signal the running ones."""
     with ctx.session_factory.begin() as session:
-        return set_batch_status(
+        if not set_batch_status(
             session=session,
             batch_id=batch_id,
             status="cancelling",
             only_from=("validating", "in_progress"),
-        )
+        ):
+            return False
+        running = cancel_open_of_batch(session=session, batch_id=batch_id)
+    signal_cancels(redis_client=ctx.redis, keys=ctx.keys, job_ids=running)
+    return True

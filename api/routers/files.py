@@ -11,7 +11,7 @@ from fastapi.responses import StreamingResponse
 from api.deps import CtxDep, TenantDep
 from api.errors import ApiError, known_id, not_found
 from api.openapi_links import links_to
-from api.quotas import check_storage_quota
+from api.quotas import check_storage_quota, precheck_storage_quota
 from api.schemas import EXPIRES_MAX_S, EXPIRES_MIN_S, FileObject
 from api.storage import FileTooLarge
 from api.views import file_view
@@ -76,6 +76,8 @@ def upload(
             param="purpose",
         )
     expires_after = _expires_after(expires_anchor, expires_seconds)
+    if file.size is not None:  # the upload's size, known once it was received
+        precheck_storage_quota(ctx, tenant, file.size)
     file_id = new_file_id()
     try:
         path, size = ctx.storage.save_stream(

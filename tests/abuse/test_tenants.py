@@ -222,3 +222,25 @@ def test_open_batch_and_stored_bytes_quotas_hold_under_concurrent_requests(make_
             range(12)))
     assert sorted(codes) == [200] * 3 + [429] * 9, codes
     assert len(env.client.get("/v1/batches", headers=h).json()["data"]) == 3
+
+
+def test_an_upload_over_the_stored_bytes_quota_is_never_copied_to_storage(
+    make_env, monkeypatch
+) -> None:
+    """Issue 26 ("uploads are written twice before the stored-bytes quota is checked"):
+    the upload's size is checked against the quota before its bytes are copied into
+    storage; the exact check stays where the file is recorded."""
+    env = make_env(quota_stored_bytes=500)
+    h = env.auth("tenant-q6")
+    _upload(env, h, n=1)
+    copies: list[str] = []
+    real = env.ctx.storage.save_stream
+
+    def counted(**kw):
+        copies.append(kw["file_id"])
+        return real(**kw)
+
+    monkeypatch.setattr(env.ctx.storage, "save_stream", counted)
+    files = {"file": ("in.jsonl", jsonl(batch_lines(3)), "application/jsonl")}
+    _quota(env.client.post("/v1/files", files=files, data={"purpose": "batch"}, headers=h))
+    assert copies == []

@@ -102,6 +102,44 @@ def test_settings_refuse_rows_kept_shorter_than_results(monkeypatch) -> None:
         Settings.from_env()
 
 
+def test_settings_refuse_batches_kept_shorter_than_jobs(monkeypatch) -> None:
+    assert Settings().batch_retention_days == 365 and Settings().retention_interval == 3600
+    with pytest.raises(ValueError, match="INFLIGHT_BATCH_RETENTION_DAYS"):
+        Settings(job_retention_days=90, batch_retention_days=30)
+    Settings(job_retention_days=None, batch_retention_days=30)  # jobs kept: moot
+    monkeypatch.setenv("INFLIGHT_BATCH_RETENTION_DAYS", "never")
+    monkeypatch.setenv("INFLIGHT_RETENTION_INTERVAL", "60")
+    s = Settings.from_env()
+    assert (s.batch_retention_days, s.retention_interval) == (None, 60.0)
+    from api.control.celery_app import beat_schedule
+
+    assert beat_schedule(s)["inflight.prune_iterations"] == 60.0
+
+
+def test_old_batches_go_once_their_jobs_are_gone(env: ApiEnv) -> None:
+    """A batch ended more than ``batch_retention_days`` ago goes (row and progress) once
+    job retention deleted its jobs; a recent one, an open one and one with jobs stay."""
+    from worker.store.crud.batch_admin import get_progress
+    from worker.store.crud.batches import get_batch
+    from worker.store.models import BatchProgress
+
+    h = env.auth("t-bret")
+    old, recent, still_open = (_open_batch(env, h, 2) for _ in range(3))
+    for batch_id in (old, recent):
+        _finish(env, _batch_jobs(env, batch_id), days_ago=100)
+        assert env.client.get(f"/v1/batches/{batch_id}", headers=h).json()["status"] == "completed"
+    with env.ctx.session_factory.begin() as s:
+        get_batch(session=s, batch_id=old).completed_at = _days_ago(400)
+    done = _retention(env)  # its jobs go first, then the batch, in the same run
+    assert done["jobs_deleted"] >= 4 and done["batches_deleted"] == 1, done
+    assert env.client.get(f"/v1/batches/{old}", headers=h).status_code == 404
+    with env.ctx.session_factory() as s:
+        assert s.get(BatchProgress, old) is None
+        assert get_progress(session=s, batch_id=recent).expanded == 1
+    assert env.client.get(f"/v1/batches/{recent}", headers=h).json()["status"] == "completed"
+    assert env.client.get(f"/v1/batches/{still_open}", headers=h).json()["status"] == "in_progress"
+
+
 def test_results_expire_and_get_says_so(env: ApiEnv) -> None:
     h = env.auth("t-jret-results")
     old, failed, recent, open_job = _submit(env, h, 4)

@@ -53,6 +53,18 @@ def cancel_batch(
     return ended + len(running)
 
 
+def cancel_open_of_batch(*, session: Session, batch_id: str) -> list[str]:
+    """:func:`cancel_batch`'s SQL in the caller's transaction (an expiry: with the
+    batch's own move, so no job of it starts in between); returns the running jobs'
+    ids, for :func:`signal_cancels` once the caller committed."""
+    return job_status.cancel_batch_jobs(session=session, batch_id=batch_id)[1]
+
+
+def signal_cancels(*, redis_client: redis.Redis, keys: QueueKeys, job_ids: Sequence[str]) -> None:
+    """Flag recorded cancels for their workers (best effort: the record is the cancel)."""
+    _signal(redis_client, keys, job_ids)
+
+
 def cancel_queued_of_batch(*, session: Session, batch_id: str) -> int:
     """End the batch's queued jobs ``cancelled`` in the caller's transaction (a batch whose
     expansion failed: its running jobs finish). SQL only: no worker holds them."""

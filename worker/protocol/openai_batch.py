@@ -60,6 +60,7 @@ __all__ = [
     "error_object",
     "format_batch_output_line",
     "format_error_line",
+    "line_custom_id",
     "new_request_id",
     "parse_request_body",
     "parse_request_line",
@@ -179,6 +180,24 @@ def parse_request_line(line: str | bytes, *, line_number: int) -> GenerationRequ
         return _parse_object(obj)
     except RequestParseError as exc:
         raise exc.at(line_number=line_number, custom_id=custom_id) from None
+
+
+def line_custom_id(line: bytes | None, *, line_number: int) -> str | None:
+    """The custom_id a line's job has or would have (its own when printable, ``line-<n>``
+    for an object naming none), without checking the rest of the line; None when the line
+    is not a JSON object (or is None: too long to read)."""
+    if line is None:
+        return None
+    try:
+        obj = json.loads(line, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError included
+        return None
+    if not isinstance(obj, dict):
+        return None
+    raw_id = obj.get("custom_id")
+    if raw_id is None:
+        return f"line-{line_number}"
+    return raw_id if _printable_id(raw_id) else None
 
 
 def parse_request_body(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:

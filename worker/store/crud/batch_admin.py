@@ -13,6 +13,11 @@ from worker.store.base import utcnow
 from worker.store.job_lifecycle import OPEN
 from worker.store.models import Batch, BatchProgress, Job
 
+EXPANDABLE = ("validating", "in_progress")
+"""The statuses in which a batch's expansion may still commit chunks."""
+ENDED = ("completed", "failed", "expired", "cancelled")
+"""A batch's final statuses: its files (if any) are written and nothing of it runs."""
+
 
 def list_batches(
     *, session: Session, tenant: str, limit: int = 20, after: str | None = None
@@ -49,11 +54,42 @@ def expired_batch_ids(*, session: Session, now: datetime | None = None) -> list[
     return list(session.scalars(stmt))
 
 
+def hold_expandable(*, session: Session, batch_id: str) -> bool:
+    """Hold the batch's row for the caller's transaction if the batch is still expandable
+    (whether it is). An UPDATE that changes nothing, as the transaction's first statement:
+    it takes the row's lock on PostgreSQL and the write lock on SQLite (where a
+    ``SELECT ... FOR UPDATE`` is a plain read, outside any transaction), so a status move
+    (cancel, expiry, failure) lands wholly before or wholly after the holder's writes."""
+    res = session.execute(
+        update(Batch)
+        .where(Batch.id == batch_id, Batch.status.in_(EXPANDABLE))
+        .values(status=Batch.status)
+    )
+    return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
+def start_expiry(*, session: Session, batch_id: str, now: datetime | None = None) -> bool:
+    """Take an expandable batch past its window out of expansion: ``finalizing`` with
+    ``expired_at`` set (the finalizer then ends it ``expired``), in one UPDATE, so it
+    holds the batch row as an expansion chunk's commit does: a chunk committed before it
+    has its jobs cancelled by the expiry, one after it sees the batch no longer
+    expandable and commits nothing. Returns whether it moved (False when the batch was
+    cancelled, finalized or failed meanwhile)."""
+    now = now or utcnow()
+    res = session.execute(
+        update(Batch)
+        .where(Batch.id == batch_id, Batch.status.in_(EXPANDABLE))
+        .values(status="finalizing", finalizing_at=now, expired_at=now)
+    )
+    return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
 def get_progress(*, session: Session, batch_id: str) -> BatchProgress:
     """The batch's progress row (created, not committed, when missing)."""
     row = session.get(BatchProgress, batch_id)
     if row is None:
-        row = BatchProgress(batch_id=batch_id, lines_read=0, invalid_lines=0, expanded=0)
+        row = BatchProgress(batch_id=batch_id, lines_read=0, invalid_lines=0, expanded=0,
+                            expand_attempts=0, finalize_attempts=0)
         session.add(row)
     return row
 

@@ -10,16 +10,18 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from worker.store.base import utcnow
-from worker.store.crud.batch_admin import get_progress
+from worker.store.crud.batch_admin import EXPANDABLE, get_progress
 from worker.store.models import Batch, BatchProgress
 
-EXPANDABLE = ("validating", "in_progress")
 
-
-def claim_expansion(*, session: Session, batch_id: str, owner: str, ttl: timedelta) -> str:
-    """Take the batch's expansion lease for ``owner`` (the caller commits). Returns
-    ``claimed``; ``expanded`` (nothing left to read); ``busy`` (a live expansion holds it);
-    or the batch's status when it is no longer expandable (``missing`` when absent)."""
+def claim_expansion(
+    *, session: Session, batch_id: str, owner: str, ttl: timedelta, max_attempts: int = 0
+) -> str:
+    """Take the batch's expansion lease for ``owner`` (the caller commits), counting the
+    attempt. Returns ``claimed``; ``expanded`` (nothing left to read); ``busy`` (a live
+    expansion holds it); ``exhausted`` (``max_attempts`` runs since the last committed
+    chunk, when not 0: the caller fails the batch); or the batch's status when it is no
+    longer expandable (``missing`` when absent)."""
     batch = session.get(Batch, batch_id, with_for_update=True)  # serializes claimers
     if batch is None:
         return "missing"
@@ -31,6 +33,9 @@ def claim_expansion(*, session: Session, batch_id: str, owner: str, ttl: timedel
     now = utcnow()
     if progress.lease_owner not in (None, owner) and _alive(progress.lease_until, now):
         return "busy"
+    if max_attempts and (progress.expand_attempts or 0) >= max_attempts:
+        return "exhausted"
+    progress.expand_attempts = (progress.expand_attempts or 0) + 1
     progress.lease_owner = owner
     progress.lease_until = now + ttl
     return "claimed"

@@ -1,5 +1,6 @@
 """Retention: delete old engine iteration rows; clear the request and result of jobs ended
-long ago, then delete their rows.
+long ago, then delete their rows; delete the rows of batches ended long ago once their jobs
+are gone.
 
 Nothing here writes ``jobs.status`` (only ``worker.jobs`` may): a job is touched only once
 it has ended, and only when nothing still needs it: no open batch of its own (one not yet
@@ -14,13 +15,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, delete, exists, null, select, update
+from sqlalchemy import ColumnElement, and_, delete, exists, func, null, select, update
 from sqlalchemy.orm import Session
 
 from worker.protocol.openai_batch import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
+from worker.store.crud.batch_admin import ENDED
 from worker.store.crud.tenant_usage import OPEN_BATCH_STATUSES
 from worker.store.job_lifecycle import TERMINAL
-from worker.store.models import ApiJob, Batch, Iteration, Job
+from worker.store.models import ApiJob, Batch, BatchProgress, Iteration, Job
 
 
 def prune_iterations(*, session: Session, older_than: datetime) -> int:
@@ -94,4 +96,26 @@ def delete_old_jobs(*, session: Session, ended_before: datetime, limit: int) -> 
     if ids:
         session.execute(delete(ApiJob).where(ApiJob.job_id.in_(ids)))
         session.execute(delete(Job).where(Job.id.in_(ids)))
+    return len(ids)
+
+
+def delete_old_batches(*, session: Session, ended_before: datetime, limit: int) -> int:
+    """Delete up to ``limit`` batches that ended before ``ended_before`` and have no job
+    row left (job retention took them), with their progress rows; returns how many. Their
+    files stay: files have a retention of their own (``expires_at``, or deleted by the
+    tenant)."""
+    ended_at = func.coalesce(Batch.completed_at, Batch.failed_at, Batch.expired_at,
+                             Batch.cancelled_at, Batch.created_at)
+    stmt = (
+        select(Batch.id)
+        .where(Batch.status.in_(ENDED), ended_at < ended_before,
+               ~exists().where(Job.batch_id == Batch.id))
+        .order_by(ended_at)
+        .limit(limit)
+        .with_for_update(of=Batch, skip_locked=True)
+    )
+    ids = list(session.scalars(stmt))
+    if ids:
+        session.execute(delete(BatchProgress).where(BatchProgress.batch_id.in_(ids)))
+        session.execute(delete(Batch).where(Batch.id.in_(ids)))
     return len(ids)

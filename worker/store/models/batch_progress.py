@@ -15,7 +15,8 @@ class BatchProgress(Base):
 
     ``lines_read`` commits in the same transaction as the jobs of the lines it covers, so a
     resumed expansion starts exactly after the last committed chunk. ``lease_owner`` /
-    ``lease_until`` tell a live expansion (renewed at each chunk) from a dead one."""
+    ``lease_until`` tell a live expansion (renewed at each chunk) from a dead one;
+    ``expand_attempts`` / ``finalize_attempts`` bound how often either is tried."""
 
     __tablename__ = "batch_progress"
 
@@ -25,3 +26,7 @@ class BatchProgress(Base):
     expanded: Mapped[int] = mapped_column(Integer, default=0)  # 1 once every line is in
     lease_owner: Mapped[str | None] = mapped_column(String(128))  # the expanding process
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)  # dead after this
+    # expansion runs that claimed the batch since its last committed chunk, and finalize
+    # runs that began writing its files: each bounded (see the settings' *_max_attempts)
+    expand_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    finalize_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
