@@ -25,6 +25,8 @@ def from_property(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
     kind = schema.get("type")
     if kind == "null":
         return st.none()
+    if kind == "boolean":
+        return st.booleans()
     if kind == "integer":
         return st.integers(int(schema.get("minimum", -(2**31))), int(schema.get("maximum", 2**31)))
     if kind == "string":
@@ -36,11 +38,12 @@ def from_property(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
 
 def job_fields(openapi: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
     """The job fields of ``POST /v1/jobs`` (``JobCreate``'s own properties), each drawn
-    from its schema or left out; ``endpoint`` and ``callback_url`` are the caller's."""
+    from its schema or left out; ``endpoint`` and ``callback_url`` are the caller's, and
+    ``dry_run`` makes no job (a quote: tests/api/test_estimates.py)."""
     props = openapi["components"]["schemas"]["JobCreate"]["properties"]
     return st.fixed_dictionaries({}, optional={
         name: from_property(schema) for name, schema in props.items()
-        if name not in ("endpoint", "callback_url")})
+        if name not in ("endpoint", "callback_url", "dry_run")})
 
 
 def sampling(*, chat: bool, batch: bool) -> st.SearchStrategy[dict[str, Any]]:
