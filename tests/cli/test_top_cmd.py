@@ -120,9 +120,10 @@ def test_top_once_shows_workers_and_queue_depths(db, capsys: pytest.CaptureFixtu
     assert not any(line.startswith("w-old") for line in lines)
     # the streams of the model the workers served (w-top, w-stale and w-old: tiny-llama)
     row = next(line for line in lines if line.split()[:2] == ["tiny-llama", "interactive"])
-    assert row.split()[2:] == ["7", "2", "5", "1"]  # length, pending, undelivered, consumers
+    # length, pending, undelivered, consumers; no deadline nor slack
+    assert row.split()[2:] == ["7", "2", "5", "1", "-", "-"]
     dead = next(line for line in lines if line.split()[:2] == ["tiny-llama", "dead"])
-    assert dead.split()[2:] == ["1", "-", "-", "-"]
+    assert dead.split()[2:] == ["1", "-", "-", "-", "-", "-"]
     assert "\x1b[" not in out  # --once prints plain text
 
 

@@ -24,6 +24,7 @@ class HeldJob:
     # grammar for engine.add_request, or why the job fails without reaching the engine
     grammar: Any = None
     grammar_error: str | None = None
+    work: int = 0  # its estimated work (worker.protocol.work_estimate), for the measured rate
 
     @property
     def service_class(self) -> str:

@@ -36,6 +36,10 @@ class LoopCounters:
     cached_prompt_tokens: int = 0
     computed_prompt_tokens: int = 0
     isolated_runs: int = 0  # suspect cohorts run beside the batch, groups run alone
+    # the measured rate's inputs (worker.service.dispatch): the estimated work of the jobs
+    # whose engine output ended, and the seconds the engine spent in steps
+    work_done: float = 0.0
+    busy_seconds: float = 0.0
     last_stats: StepStats | None = None
 
     def note_step(self, outputs: list[RequestOutput], stats: StepStats) -> None:
@@ -47,6 +51,7 @@ class LoopCounters:
         self.preemptions_total += stats.num_preemptions
         self.cached_prompt_tokens += stats.num_cached_tokens
         self.computed_prompt_tokens += stats.num_prefill_tokens
+        self.busy_seconds += stats.schedule_seconds + stats.forward_seconds + stats.sample_seconds
 
 
 class LoopResults:
@@ -78,6 +83,7 @@ class LoopResults:
     def finished(self, out: RequestOutput, held: HeldJob, *, cancelled: bool) -> None:
         """The engine's output for the job ended (any status)."""
         self.counters.finished += 1
+        self.counters.work_done += held.work
         status = finished_status(out, cancelled=cancelled)
         result = job_result(out, held, status=status, tokenizer=self.tokenizer)
         self._put(held, result, out)

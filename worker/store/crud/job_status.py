@@ -72,6 +72,7 @@ def create_jobs(
                 "request": job.request,
                 "queued_at": now,
                 "attempts": 0,
+                "deadline": job.deadline,
             }
         )
     if skip_existing:
