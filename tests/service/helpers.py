@@ -52,6 +52,15 @@ def batch_pending(redis_client: Any, keys: Any) -> int:
                for lane in batch_lanes(redis_client, keys))
 
 
+def batch_pending_by_consumer(redis_client: Any, keys: Any) -> dict[str, int]:
+    """Batch entries delivered and not acked per consumer, over every lane."""
+    out: dict[str, int] = {}
+    for lane in batch_lanes(redis_client, keys):
+        for c in redis_client.xpending(lane, keys.group).get("consumers") or []:
+            out[c["name"]] = out.get(c["name"], 0) + int(c["pending"])
+    return out
+
+
 def batch_length(redis_client: Any, keys: Any) -> int:
     """Batch entries held (acked ones too, until trimmed), over every lane."""
     return sum(int(redis_client.xlen(lane)) for lane in batch_lanes(redis_client, keys))

@@ -74,7 +74,7 @@ def test_a_long_window_lane_is_not_starved_by_a_stream_of_tight_ones() -> None:
         if chosen["left"] <= 0:
             chosen["done"] = t
     assert 0 < long["done"] <= long["deadline"]
-    assert NOW + 12 * 3600 < long["done"]  # it waited while it had slack to give
+    assert long["done"] > NOW + 12 * 3600  # it waited while it had slack to give
     assert all(x["done"] <= x["deadline"] for x in tight if x["left"] <= 0)
     assert sum(x["left"] > 0 for x in tight) <= 12  # the backlog stays bounded
 
