@@ -95,12 +95,12 @@ def test_least_slack_reads_a_big_later_batch_before_a_small_sooner_one(
     assert read_new(redis_client=redis_client, keys=keys, consumer="w1", count=1,
                     streams=dispatch.streams())[0].job_id == small[0]
     _put(session_factory, redis_client, keys, _jobs(1, due_in_h=2, tag="s2"))
-    # 20 x 2010 tokens at 10 tokens/s: 4020 s of the big lane's 3 h; 6780 s to spare < 7200
-    report_rate(redis_client=redis_client, keys=keys, consumer="w2", rate=10.0)
+    # 20 x 2010 tokens at 5 tokens/s: 8040 s of the big lane's 3 h; 2760 s to spare < 7200
+    report_rate(redis_client=redis_client, keys=keys, consumer="w2", rate=5.0)
     dispatch.read_short()
     time.sleep(dispatch.min_refresh_s)
     order = dispatch.streams()
-    assert dispatch.model_rate == 10.0
+    assert dispatch.model_rate == 5.0
     got = read_new(redis_client=redis_client, keys=keys, consumer="w1", count=21, streams=order)
     assert [d.job_id for d in got][:20] == big  # then the small one, work-conserving
     assert len(got) == 21

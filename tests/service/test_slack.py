@@ -52,6 +52,18 @@ def test_least_slack_first_and_earliest_deadline_without_a_rate() -> None:
     assert work_due_by(lanes, NOW + 3 * 3600).entries == 1003
 
 
+def test_close_slacks_go_by_deadline_and_hopeless_lanes_after_the_rest() -> None:
+    a = _lane("a", 2 * 3600, remaining=110, per_entry=10)  # 1100 s of work: 6100 s to spare
+    b = _lane("b", 2 * 3600 - 60, remaining=1)  # 7040 s: a whole quantum more than a ...
+    assert [ln.stream for ln in read_order([a, b], now=NOW, rate=1.0)] == ["a", "b"]
+    c = _lane("c", 2 * 3600 - 60, remaining=90, per_entry=10)  # ... c: 6240 s, the same one
+    assert [ln.stream for ln in read_order([a, c], now=NOW, rate=1.0)] == ["c", "a"]
+    hopeless = _lane("h", 600, remaining=100, per_entry=10)  # 1000 s of work in 600 s
+    overdue = _lane("o", -60, remaining=1)
+    order = read_order([a, hopeless, overdue], now=NOW, rate=1.0)
+    assert [ln.stream for ln in order] == ["o", "a", "h"]  # h still takes what a leaves
+
+
 def test_a_long_window_lane_is_not_starved_by_a_stream_of_tight_ones() -> None:
     """A day-long lane with an hour of work, while a new lane due in 6 hours with 30 minutes
     of work arrives every 30 minutes, for ever: they alone would keep the engine busy. The

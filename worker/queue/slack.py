@@ -22,7 +22,8 @@ Workers read the lane of least slack first and go on down the order while they h
 lane being read keeps its slack (its work shrinks as fast as time passes), every waiting
 lane's slack shrinks by a second per second, so a long-window lane's turn comes before its
 deadline does: no lane starves while the work fits in the time. Without a measured rate
-the work term is left out and the order is earliest deadline first.
+the work term is left out and the order is earliest deadline first. :func:`read_order`
+says how slacks within a quarter hour and lanes that cannot make it any more are read.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ completion window)."""
 
 MIN_LANE_WIDTH_S = 60
 LANE_WIDTH_FRACTION = 8  # a lane spans at most this fraction of a job's window
+SLACK_QUANTUM_S = 900  # slacks closer than this read as equal (read_order)
 
 
 def lane_width(window_s: float) -> int:
@@ -83,10 +85,27 @@ def slack(lane: LaneState, *, now: float, rate: float | None) -> float:
 
 
 def read_order(lanes: Iterable[LaneState], *, now: float, rate: float | None) -> list[LaneState]:
-    """The lanes with entries to read, least slack first (ties: earlier deadline, then
-    name): the order a worker reads them in, going on to the next while it has room."""
-    ready = [lane for lane in lanes if lane.undelivered > 0]
-    return sorted(ready, key=lambda ln: (slack(ln, now=now, rate=rate), ln.deadline, ln.stream))
+    """The lanes with entries to read, in the order a worker reads them (going on to the
+    next while it has room): least slack first, with two refinements that the simulation
+    (``benchmarks/deadline_sim.py``) shows to matter:
+
+    - slacks that differ by less than ``SLACK_QUANTUM_S`` count as equal, and the earlier
+      deadline goes first: the estimates are not finer than that, and two lanes read in
+      turn for a few minutes' difference are both served late, as under processor sharing;
+    - a lane that cannot meet its deadline even with the whole model's rate (negative
+      slack, deadline still ahead) goes after the lanes that still can: it misses anyway,
+      and feeding it first would make them miss too (the domino effect of least slack and
+      earliest deadline under overload). It still takes the room they leave, and once its
+      deadline has passed it goes first again (overdue work; a batch's is skipped quickly,
+      its jobs cancelled by the batch's expiry).
+
+    Ties: earlier deadline, then name."""
+    def key(lane: LaneState) -> tuple[bool, int, float, str]:
+        spare = slack(lane, now=now, rate=rate)
+        hopeless = spare < 0 < lane.deadline - now
+        return hopeless, math.floor(spare / SLACK_QUANTUM_S), lane.deadline, lane.stream
+
+    return sorted((lane for lane in lanes if lane.undelivered > 0), key=key)
 
 
 @dataclass(frozen=True)
