@@ -68,13 +68,15 @@ def read_new(
     count: int,
     block_ms: int | None = None,
     streams: list[str] | None = None,
+    block_streams: list[str] | None = None,
 ) -> list[Delivery]:
     """Read at most ``count`` never-delivered entries from ``streams`` in their order, going
     on to the next while there is room (default: the interactive stream, then the lanes,
     earliest deadline first).
 
     Without ``block_ms`` it never waits. With it, and nothing available at once, it waits up
-    to ``block_ms`` for the first entry of any of them (then returns at most one per stream).
+    to ``block_ms`` for the first entry of any of ``block_streams`` (default: ``streams``;
+    then it returns at most one per stream).
     """
     if count <= 0:
         return []
@@ -88,7 +90,8 @@ def read_new(
         out += _xreadgroup(redis_client, keys, consumer, {stream: ">"}, want, None)
     if out or not block_ms:
         return out
-    return _xreadgroup(redis_client, keys, consumer, {s: ">" for s in streams}, 1, block_ms)
+    watched = block_streams if block_streams is not None else streams
+    return _xreadgroup(redis_client, keys, consumer, {s: ">" for s in watched}, 1, block_ms)
 
 
 def own_pending(

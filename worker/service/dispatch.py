@@ -43,7 +43,8 @@ class Dispatch:
         self.rt = rt
         self._totals = work_totals
         self.refresh_s, self.min_refresh_s = refresh_s, min_refresh_s
-        self._lanes: list[str] = []
+        self._lanes: list[str] = []  # lanes with entries to read, in read order
+        self._drained: list[str] = []  # the other listed lanes (watched while blocking)
         self._refreshed = -float("inf")  # monotonic time of the last refresh
         self._stale = True
         self._since: tuple[float, float] = (0.0, 0.0)  # totals at the last rate sample
@@ -51,13 +52,20 @@ class Dispatch:
         self.model_rate: float | None = None  # the model's, at the last refresh
 
     def streams(self) -> list[str]:
-        """The streams to read, in order: the interactive one, then the lanes."""
+        """The streams to read, in order: the interactive one, then the lanes that have
+        entries to read."""
         now = time.monotonic()
         since = now - self._refreshed
         if since >= self.refresh_s or (self._stale and since >= self.min_refresh_s):
             self._refresh()
             self._refreshed, self._stale = now, False
         return [self.rt.keys.interactive, *self._lanes]
+
+    def watched(self) -> list[str]:
+        """The streams a blocking read waits on: those of :meth:`streams` and the listed
+        lanes left with nothing to read (a publish into one wakes the reader at once; a
+        lane made since the last refresh is seen at the next)."""
+        return [*self.streams(), *self._drained]
 
     def read_short(self) -> None:
         """A read found less than it asked for: look at the lanes again soon."""
@@ -72,6 +80,8 @@ class Dispatch:
         self.model_rate = model_rate(redis_client=r, keys=keys) if lanes else None
         order = read_order(lanes, now=time.time(), rate=self.model_rate)
         self._lanes = [lane.stream for lane in order]
+        reading = set(self._lanes)
+        self._drained = [lane.stream for lane in lanes if lane.stream not in reading]
 
     def _measure(self) -> None:
         """Fold the engine's work since the last sample into the rate, once the sample

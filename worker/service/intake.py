@@ -125,6 +125,7 @@ class Intake:
                     count=want,
                     block_ms=100,
                     streams=self.dispatch.streams(),
+                    block_streams=self.dispatch.watched(),
                 )
                 if len(got) < want:
                     self.dispatch.read_short()
