@@ -41,13 +41,9 @@ pytestmark = pytest.mark.services
 
 
 @pytest.fixture
-def redis_client(any_redis: str):
-    """A client on one server, then on the cluster."""
-    from worker.queue.connection import make_redis
-
-    client = make_redis(url=any_redis)
-    yield client
-    client.close()
+def redis_client(any_redis_client):
+    """A client on one server, then on the cluster (this module's tests run on both)."""
+    return any_redis_client
 
 
 def _jobs(n: int, *, due_in_h: float | None, max_tokens: int = 16, cls: str = "batch",

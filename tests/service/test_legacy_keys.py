@@ -153,7 +153,7 @@ def test_nothing_to_move_on_a_cluster(session_factory, redis_cluster, keys) -> N
 
 
 def test_the_batch_stream_from_before_the_lanes_moves_into_them(
-    session_factory, any_redis, keys
+    session_factory, any_redis_client, keys
 ) -> None:
     """A model's one batch stream (``{p:m}:jobs:batch``, before the deadline lanes) moves to
     the lane of each job's deadline, on one server and on a cluster (its keys share the
@@ -161,44 +161,42 @@ def test_the_batch_stream_from_before_the_lanes_moves_into_them(
     from datetime import timedelta
 
     from worker.queue.carried import carried_among
-    from worker.queue.connection import make_redis
     from worker.queue.consumer import read_new
     from worker.queue.slack import lane_end
     from worker.store.base import utcnow
 
-    client = make_redis(url=any_redis)
-    try:
-        jobs = prompt_jobs(4)
-        now = utcnow()
-        jobs[0].deadline, jobs[1].deadline = now + timedelta(hours=1), now + timedelta(hours=48)
-        with session_factory.begin() as s:
-            ids = create_jobs(session=s, jobs=jobs)  # the rows name their model
-        old = keys.unlaned_batch
-        client.xgroup_create(old, keys.group, id="0", mkstream=True)
-        for job_id, job in zip(ids, jobs, strict=True):
-            entry = client.xadd(old, JobMessage(job_id=job_id, body=job.request).encode())
-            client.hset(keys.carried, job_id, f"{old}|{entry}")
-        client.xreadgroup(keys.group, "live-worker", {old: ">"}, count=1)  # holds ids[0]
-        first = move_legacy_keys(session_factory=session_factory, redis_client=client,
-                                 keys=keys, mover="legacy-mover:w", min_idle_ms=60_000)
-        assert (first.moved, first.dropped, first.finished) == (3, 0, False)
-        assert carried_among(redis_client=client, keys=keys, job_ids=ids) == set(ids)
-        (entry_id,) = [e for e, f in client.xrange(old) if f["job_id"] == ids[0]]
-        client.xack(old, keys.group, entry_id)  # the live worker ended it
-        client.hdel(keys.carried, ids[0])
-        with session_factory.begin() as s:
-            finish_jobs(session=s, results=[JobResult(job_id=ids[0], status="succeeded")],
-                        worker_id="live")
-        last = move_legacy_keys(session_factory=session_factory, redis_client=client,
-                                keys=keys, mover="legacy-mover:w", min_idle_ms=60_000)
-        assert last.finished and client.exists(old) == 0
-        t = time.time()
-        lanes = {f["job_id"]: lane for lane, _, f in batch_entries(client, keys)}
-        assert lanes[ids[1]] == keys.lane(lane_end(jobs[1].deadline.timestamp(), t))
-        assert keys.lane_end(lanes[ids[2]]) == keys.lane_end(lanes[ids[3]])  # default 24 h
-        got = read_new(redis_client=client, keys=keys, consumer="c", count=5)
-        assert [d.job_id for d in got] == [ids[2], ids[3], ids[1]]  # 24 h before 48 h
-        assert got[2].message is not None
-        assert got[2].message.deadline == pytest.approx(jobs[1].deadline.timestamp())
-    finally:
-        client.close()
+    client = any_redis_client
+    jobs = prompt_jobs(4)
+    for job in jobs:
+        job.model = keys.model
+    now = utcnow()
+    jobs[0].deadline, jobs[1].deadline = now + timedelta(hours=1), now + timedelta(hours=48)
+    with session_factory.begin() as s:
+        ids = create_jobs(session=s, jobs=jobs)  # the rows name their model
+    old = keys.unlaned_batch
+    client.xgroup_create(old, keys.group, id="0", mkstream=True)
+    for job_id, job in zip(ids, jobs, strict=True):
+        entry = client.xadd(old, JobMessage(job_id=job_id, body=job.request).encode())
+        client.hset(keys.carried, job_id, f"{old}|{entry}")
+    client.xreadgroup(keys.group, "live-worker", {old: ">"}, count=1)  # holds ids[0]
+    first = move_legacy_keys(session_factory=session_factory, redis_client=client,
+                             keys=keys, mover="legacy-mover:w", min_idle_ms=60_000)
+    assert (first.moved, first.dropped, first.finished) == (3, 0, False)
+    assert carried_among(redis_client=client, keys=keys, job_ids=ids) == set(ids)
+    (entry_id,) = [e for e, f in client.xrange(old) if f["job_id"] == ids[0]]
+    client.xack(old, keys.group, entry_id)  # the live worker ended it
+    client.hdel(keys.carried, ids[0])
+    with session_factory.begin() as s:
+        finish_jobs(session=s, results=[JobResult(job_id=ids[0], status="succeeded")],
+                    worker_id="live")
+    last = move_legacy_keys(session_factory=session_factory, redis_client=client,
+                            keys=keys, mover="legacy-mover:w", min_idle_ms=60_000)
+    assert last.finished and client.exists(old) == 0
+    t = time.time()
+    lanes = {f["job_id"]: lane for lane, _, f in batch_entries(client, keys)}
+    assert lanes[ids[1]] == keys.lane(lane_end(jobs[1].deadline.timestamp(), t))
+    assert keys.lane_end(lanes[ids[2]]) == keys.lane_end(lanes[ids[3]])  # default 24 h
+    got = read_new(redis_client=client, keys=keys, consumer="c", count=5)
+    assert [d.job_id for d in got] == [ids[2], ids[3], ids[1]]  # 24 h before 48 h
+    assert got[2].message is not None
+    assert got[2].message.deadline == pytest.approx(jobs[1].deadline.timestamp())

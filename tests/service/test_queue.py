@@ -28,13 +28,9 @@ pytestmark = pytest.mark.services
 
 
 @pytest.fixture
-def redis_client(any_redis: str):
+def redis_client(any_redis_client):
     """A client on one server, then on the cluster (this module's tests run on both)."""
-    from worker.queue.connection import make_redis
-
-    client = make_redis(url=any_redis)
-    yield client
-    client.close()
+    return any_redis_client
 
 
 def _new(n: int, cls: str = "batch") -> list[NewJob]:
