@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.api.conftest import ApiEnv, jsonl, tiny_worker
+from tests.api.conftest import OPERATOR_KEY, ApiEnv, jsonl, tiny_worker
 from tests.service.helpers import batch_lanes, wait_for
 
 pytestmark = pytest.mark.services
@@ -64,6 +64,12 @@ def test_the_tightest_batch_finishes_first_and_none_starves(env: ApiEnv) -> None
     mid = _batch(env, h, "mid", 5, "4h")
     tight = _batch(env, h, "tight", 2, "1h")  # ... and the tightest last
     assert len(batch_lanes(env.ctx.redis, env.ctx.keys)) == 3
+    metrics = env.client.get("/metrics", headers={"Authorization": f"Bearer {OPERATOR_KEY}"}).text
+    assert 'inflight_stream_length{model="tiny-llama",stream="batch"} 13' in metrics
+    assert 'inflight_batch_lanes{model="tiny-llama"} 3' in metrics
+    (least,) = [line for line in metrics.splitlines()
+                if line.startswith("inflight_batch_least_slack_seconds{")]
+    assert 3000 < float(least.split()[-1]) <= 3600  # the 1 h batch: no rate measured yet
     # lanes read least slack first, 3 entries per read: [T T M] [M M M] [M L L] [L L L] [L]
     import transformers  # the two workers load their engines at once: import it here first
 
