@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -118,9 +119,14 @@ class Client:
         idempotency_key: str | None = None,
         callback_url: str | None = None,
         queue_class: str = "interactive",
+        deadline: datetime | float | None = None,
     ) -> dict[str, Any]:
-        """Submit one OpenAI chat/completions body as a job; returns the job object."""
+        """Submit one OpenAI chat/completions body as a job; returns the job object.
+        ``deadline`` (batch work: an aware datetime or Unix seconds) is when it is due."""
         payload: dict[str, Any] = {**body, "priority": priority, "queue_class": queue_class}
+        if deadline is not None:
+            payload["deadline"] = (deadline.isoformat() if isinstance(deadline, datetime)
+                                   else deadline)
         for name, value in (
             ("endpoint", endpoint),
             ("custom_id", custom_id),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -64,6 +65,14 @@ class JobCreate(StoredBody):
     dry_run: bool = Field(
         False, description="answer the estimate (prompt and output tokens, engine-seconds, "
                            "completion time) and create nothing")
+    deadline: datetime | None = Field(
+        None,
+        description="batch work only (queue_class batch): when the job is due, RFC 3339 with "
+        "a time zone or Unix seconds, in the future and at most 9999 hours away. Workers "
+        "read batch work least slack first (deadline less the time the work ahead of it "
+        "takes); a deadline is a scheduling target, not an expiry. Default for batch work: "
+        "24 hours after submission",
+    )
 
 
 EXPIRES_MIN_S = 3600  # OpenAI's bounds of expires_after.seconds: one hour ...

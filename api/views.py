@@ -95,6 +95,7 @@ def job_view(
         "batch_id": job.batch_id,
         "priority": job.priority,
         "queue_class": job.queue_class,
+        "deadline": epoch(job.deadline),
         "model": job_model(job, body, model_name),
         "created_at": epoch(job.queued_at),
         "timeline": {

@@ -32,8 +32,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "sequences), waiting sequences, KV use, tokens/s, decode tokens/s and jobs/s over the "
         "last --window seconds, then running/waiting sequences per service class (INTER: "
         "interactive, BATCH R/W: batch) (from the iterations and jobs tables). Per stream of each "
-        "model a worker served within the last hour: length, pending (delivered, not acked) and "
-        "undelivered entries of the consumer group.",
+        "model a worker served within the last hour (the interactive stream, each batch lane in "
+        "least-slack order, the dead letters): length, pending (delivered, not acked) and "
+        "undelivered entries of the consumer group, and a lane's deadline and slack.",
     )
     p.add_argument(
         "--interval", type=_positive_seconds, default=1.0, help="seconds between frames (1)"
@@ -83,20 +84,41 @@ def format_workers(workers: list[Any]) -> list[str]:
     return lines
 
 
-def format_streams(depths: list[Any]) -> list[str]:
-    """The queue table of a frame: one row per stream of each model."""
+def _span(seconds: float | None) -> str:
+    """Seconds as a signed short span: ``+2h05m``, ``-40s``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    sign, left = ("-" if seconds < 0 else "+"), int(abs(seconds))
+    if left < 60:
+        return f"{sign}{left}s"
+    if left < 3600:
+        return f"{sign}{left // 60}m{left % 60:02d}s"
+    if left < 86400:
+        return f"{sign}{left // 3600}h{left % 3600 // 60:02d}m"
+    return f"{sign}{left // 86400}d{left % 86400 // 3600:02d}h"
+
+
+def format_streams(depths: list[Any], now: float | None = None) -> list[str]:
+    """The queue table of a frame: one row per stream of each model (its batch lanes in
+    the order the workers read them, least slack first, each with its deadline from now
+    and its slack)."""
+    now = time.time() if now is None else now
     lines = [f"{'MODEL':32} {'STREAM':11} {'LENGTH':>8} {'PENDING':>8} {'UNDELIVERED':>11} "
-             f"{'CONSUMERS':>9}"]
+             f"{'CONSUMERS':>9} {'DUE':>8} {'SLACK':>8}"]
     if not depths:
         lines.append("  (no model served recently)")
     for d in depths:
         lag = f"~{d.lag}" if d.lag_estimated else _n(d.lag)
+        due = None if d.deadline is None else d.deadline - now
         lines.append(
             f"{(d.model or '-')[:32]:32} {d.kind[:11]:11} {d.length:>8} {_n(d.pending):>8} "
-            f"{lag:>11} {_n(d.consumers):>9}"
+            f"{lag:>11} {_n(d.consumers):>9} {_span(due):>8} {_span(d.slack):>8}"
         )
     if any(d.lag_estimated for d in depths):
         lines.append("  (~: Redis cannot tell the lag after deletions; length less pending)")
+    if any(d.kind == "batch" for d in depths):
+        lines.append("  (batch: one lane per deadline bucket; DUE: its earliest deadline; SLACK: "
+                     "DUE less its remaining work at the measured rate)")
     return lines
 
 

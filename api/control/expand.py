@@ -14,7 +14,7 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 
@@ -76,7 +76,7 @@ def expand_batch(ctx: Context, *, batch_id: str) -> str:
             f = get_file(session=session, file_id=batch.input_file_id or "", tenant=batch.tenant)
             seen_ids = set(session.scalars(select(Job.custom_id).where(Job.batch_id == batch_id)))
             reader = _Reader(ctx, batch_id, owner, batch.endpoint, batch.tenant, seen_ids,
-                             batch.model)
+                             batch.model, batch.expires_at)
     if claim == "exhausted":
         _fail(ctx, batch_id, "expansion_failed",
               f"the expansion failed {ctx.settings.expand_max_attempts} times in a row after "
@@ -112,6 +112,7 @@ class _Reader:
     tenant: str
     seen_ids: set[str | None]
     model: str | None  # every line runs on it (api.control.models)
+    deadline: datetime | None  # every line's: created_at + completion_window
 
     def find_model(self, path: str) -> bool:
         """The batch's model, found from its file for a batch from before revision 0014
@@ -168,6 +169,7 @@ class _Reader:
                         tenant=self.tenant,
                         seen_ids=self.seen_ids,
                         model=self.model,
+                        deadline=self.deadline,
                     )
                 if len(chunk.jobs) + len(chunk.errors) >= settings.expand_chunk:
                     if not _commit_chunk(self.ctx, self.batch_id, chunk, owner=self.owner):
@@ -207,9 +209,10 @@ def _take_line(
     tenant: str,
     seen_ids: set[str | None],
     model: str | None,
+    deadline: datetime | None,
 ) -> None:
-    """One line through the submission path: its job (on the batch's ``model``), or its
-    error record."""
+    """One line through the submission path: its job (on the batch's ``model``, due at the
+    batch's ``deadline``), or its error record."""
     chunk.last_line = line_no
     line = Submission(
         tenant=tenant,
@@ -220,6 +223,7 @@ def _take_line(
         batch_id=batch_id,
         job_id=line_job_id(batch_id, line_no),
         model=model,
+        deadline=deadline,
     )
     try:
         chunk.jobs.append(new_job(ctx, line, seen_ids).job)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -38,6 +39,7 @@ from worker.protocol.openai_batch import (
     parse_request_line,
 )
 from worker.queue.job_events import FIELD as EVENTS_FIELD
+from worker.store.base import utcnow
 from worker.store.crud.api_jobs import add_api_job, find_by_idempotency_key
 from worker.store.crud.jobs import get_job, keyed_job_id, new_job_id
 from worker.store.models import ApiJob, Job
@@ -56,7 +58,10 @@ class Submission:
     ``"end"`` or ``"deltas"``) asks the worker to announce the job's end, and its text
     deltas, to a waiting API process. ``model``: the model of the batch (or ``inflight
     enqueue --model`` run) the line belongs to: a line naming none runs on it, one naming
-    another is refused (``api.control.models``); None: each request's own model rules."""
+    another is refused (``api.control.models``); None: each request's own model rules.
+    ``deadline``: when batch work is due, the caller's (``POST /v1/jobs``, checked here) or
+    its batch's (created_at + completion_window); None for batch work: 24 h after it is
+    queued (``worker.jobs.enqueue``)."""
 
     tenant: str
     request: dict[str, Any] | bytes
@@ -72,6 +77,7 @@ class Submission:
     key_field: str | None = None  # the idempotency_key body field (the header wins)
     events: str | None = None
     model: str | None = None
+    deadline: datetime | None = None
 
     @classmethod
     def of_job(cls, payload: JobCreate, *, tenant: str, key_header: str | None) -> Submission:
@@ -89,6 +95,7 @@ class Submission:
             callback_url=payload.callback_url,
             key_header=key_header,
             key_field=payload.idempotency_key,
+            deadline=payload.deadline,
         )
 
     @property
@@ -131,6 +138,7 @@ def new_job(ctx: Context, sub: Submission, seen: set[str | None] | None = None) 
     try:
         model = resolve_model(ctx, req.model, batch_model=sub.model)
         _check(ctx, sub, req)
+        deadline = sub.deadline if line else checked_deadline(sub.deadline, sub.queue_class)
     except ApiError as exc:
         if not line:
             raise
@@ -145,7 +153,7 @@ def new_job(ctx: Context, sub: Submission, seen: set[str | None] | None = None) 
                             else new_job_id())
     job = NewJob(id=job_id, request=stored, tenant=sub.tenant, queue_class=sub.queue_class,
                  model=model, priority=sub.priority, custom_id=custom_id, batch_id=sub.batch_id,
-                 max_tokens=allowed_output_tokens(req))
+                 max_tokens=allowed_output_tokens(req), deadline=deadline)
     return Checked(req, job)
 
 
@@ -154,6 +162,33 @@ def allowed_output_tokens(req: GenerationRequest) -> int | None:
     names no ``max_tokens``: it runs to the model's context)."""
     mt = req.params.max_tokens
     return None if mt is None else mt * req.params.n
+
+
+MAX_DEADLINE_AHEAD = timedelta(hours=9999)  # the longest completion_window a batch takes
+
+
+def checked_deadline(deadline: datetime | None, queue_class: str) -> datetime | None:
+    """A ``POST /v1/jobs`` deadline as stored (UTC), or the 400 that refuses it: one without
+    a time zone, on interactive work (read before all batch work: a deadline would change
+    nothing), not in the future, or further than the longest completion window."""
+    if deadline is None:
+        return None
+    if deadline.tzinfo is None:
+        raise ApiError(400, "deadline needs a time zone (e.g. 2027-01-01T12:00:00Z) or Unix "
+                       "seconds", code="invalid_deadline", param="deadline")
+    if queue_class != "batch":
+        raise ApiError(400, "deadline is for batch work (queue_class \"batch\"); interactive "
+                       "jobs are read before all batch work", code="invalid_deadline",
+                       param="deadline")
+    now = utcnow()
+    if deadline <= now:
+        raise ApiError(400, f"deadline {deadline.isoformat()} is not in the future",
+                       code="invalid_deadline", param="deadline")
+    if deadline > now + MAX_DEADLINE_AHEAD:
+        raise ApiError(400, f"deadline {deadline.isoformat()} is more than 9999 hours away "
+                       "(the longest completion_window)", code="invalid_deadline",
+                       param="deadline")
+    return deadline.astimezone(timezone.utc)
 
 
 def _parse(sub: Submission) -> GenerationRequest:
@@ -242,6 +277,8 @@ def _digest(sub: Submission, job: NewJob) -> str:
     ]
     if sub.events:
         fields.append(sub.events)
+    if job.deadline is not None and job.batch_id is None:
+        fields.append(job.deadline.timestamp())
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 

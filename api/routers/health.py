@@ -8,10 +8,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from sqlalchemy import text
 
+from api.context import Context
 from api.control.models import known_models
 from api.deps import CtxDep, OperatorDep
 from api.metrics import gauge_lines, label_value
-from worker.queue.keys import QUEUE_CLASSES
+from worker.queue.stream_stats import stream_stats
 
 router = APIRouter(tags=["health"])
 
@@ -71,25 +72,36 @@ def metrics(*, request: Request, ctx: CtxDep, _operator: OperatorDep) -> PlainTe
     except Exception:
         lines += gauge_lines("inflight_store_up", "Whether the SQL store answered.", [("", 0)])
     try:
-        streams = [
-            (model, queue_class, ctx.keys.for_model(model).stream(queue_class))
-            for model in models
-            for queue_class in QUEUE_CLASSES
-        ]
-        pipe = ctx.redis.pipeline(transaction=False)
-        for _model, _queue_class, stream in streams:
-            pipe.xlen(stream)
-        lengths = pipe.execute()
-        lines += gauge_lines(
-            "inflight_stream_length",
-            "Entries in each job stream (of each model served recently or declared).",
-            [
-                (f'model="{label_value(m)}",stream="{c}"', n)
-                for (m, c, _s), n in zip(streams, lengths, strict=True)
-            ],
-        )
+        lines += queue_gauges(ctx, models)
     except Exception:
         lines += gauge_lines("inflight_redis_up", "Whether Redis answered.", [("", 0)])
     return PlainTextResponse(
         "\n".join(lines) + "\n", media_type="text/plain; version=0.0.4; charset=utf-8"
     )
+
+
+def queue_gauges(ctx: Context, models: list[str]) -> list[str]:
+    """The queue's gauges of each model: entries per class (a model's batch lanes
+    together), its lanes, and the least slack among them (``worker.queue.slack``)."""
+    length: list[tuple[str, float]] = []
+    lanes: list[tuple[str, float]] = []
+    least: list[tuple[str, float]] = []
+    for model in models:
+        stats = stream_stats(redis_client=ctx.redis, keys=ctx.keys.for_model(model))
+        label = f'model="{label_value(model)}"'
+        batch = [s for s in stats if s.kind == "batch"]
+        length.append((f'{label},stream="interactive"', stats[0].length))
+        length.append((f'{label},stream="batch"', sum(s.length for s in batch)))
+        lanes.append((label, len(batch)))
+        slacks = [s.slack for s in batch if s.slack is not None and s.lag]
+        if slacks:
+            least.append((label, round(min(slacks), 3)))
+    return [
+        *gauge_lines("inflight_stream_length", "Entries in each model's interactive stream and "
+                     "in its batch lanes together (each model served recently or declared).",
+                     length),
+        *gauge_lines("inflight_batch_lanes", "Batch lanes (deadline buckets) of each model.",
+                     lanes),
+        *gauge_lines("inflight_batch_least_slack_seconds", "Seconds to spare of the tightest "
+                     "batch lane with undelivered work, at the model's measured rate.", least),
+    ]

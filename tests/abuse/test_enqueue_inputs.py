@@ -11,6 +11,7 @@ import pytest
 from cli.main import main
 from tests.abuse.cases import CASES
 from tests.service.conftest import REDIS_URL
+from tests.service.helpers import batch_length
 from worker.protocol.openai_batch import RequestParseError, parse_request_line
 
 pytestmark = pytest.mark.services
@@ -54,7 +55,7 @@ def test_enqueue_reports_each_bad_line_and_keeps_the_good(tmp_path, redis_client
         expected.append(f"error: {info.value}")
     assert reported == expected
     assert f"enqueued {len(good)} jobs, {len(cases) + len(RAW)} invalid lines skipped" in err
-    assert redis_client.xlen(keys.stream("batch")) == len(good)
+    assert batch_length(redis_client, keys) == len(good)
 
 
 def test_enqueue_refuses_a_bad_tenant(tmp_path, capsys) -> None:

@@ -154,9 +154,10 @@ TINY_ENGINE: dict[str, Any] = {"model": "tiny-llama", "max_num_seqs": 32, "num_k
 
 @contextlib.contextmanager
 def tiny_worker(env: ApiEnv, name: str, *, redis_url: str = REDIS_URL,
-                **engine: Any) -> Iterator[Any]:
+                config: dict[str, Any] | None = None, **engine: Any) -> Iterator[Any]:
     """An in-process worker on the tiny model serving ``env``'s queues (on ``redis_url``),
-    stopped on exit; ``engine`` overrides TINY_ENGINE's arguments."""
+    stopped on exit; ``engine`` overrides TINY_ENGINE's arguments, ``config`` the
+    WorkerConfig's."""
     pytest.importorskip("torch")
     import threading
 
@@ -168,12 +169,12 @@ def tiny_worker(env: ApiEnv, name: str, *, redis_url: str = REDIS_URL,
 
         return LLMEngine(EngineArgs(**{**TINY_ENGINE, **engine}))
 
-    config = WorkerConfig(
+    worker_config = WorkerConfig(
         database_url=env.settings.database_url, redis_url=redis_url, model="tiny-llama",
         prefix=env.ctx.keys.prefix, name=name, heartbeat_interval=0.3,
-        cancel_poll_interval=0.05, reconcile_interval=3600,
+        cancel_poll_interval=0.05, reconcile_interval=3600, **(config or {}),
     )
-    w = WorkerProcess(config, engine_factory=engine_factory, install_signals=False)
+    w = WorkerProcess(worker_config, engine_factory=engine_factory, install_signals=False)
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     try:

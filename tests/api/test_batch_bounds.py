@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.api.conftest import ApiEnv, batch_lines, jsonl, wait_expanded
+from tests.service.helpers import batch_length
 
 pytestmark = pytest.mark.services
 
@@ -82,7 +83,7 @@ def test_expansion_fails_an_oversized_file_before_queueing_anything(make_env) ->
         batch_id = batch.id
     assert expand_batch(env.ctx, batch_id=batch_id) == "failed"
     assert _jobs_of(env, batch_id) == []
-    assert env.ctx.redis.xlen(env.ctx.keys.stream("batch")) == 0
+    assert batch_length(env.ctx.redis, env.ctx.keys) == 0
     got = env.client.get(f"/v1/batches/{batch_id}", headers=h).json()
     assert got["errors"]["data"][0]["code"] == "too_many_lines"
 

@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 
 from tests.api.conftest import ApiEnv, batch_lines, jsonl, wait_expanded
+from tests.service.helpers import batch_length
 from worker.store.schemas import JobResult
 
 pytestmark = pytest.mark.services
@@ -133,7 +134,7 @@ def test_batch_lifecycle_with_invalid_lines(make_env) -> None:
         "/v1/jobs", params={"batch_id": batch["id"], "limit": 100}, headers=h
     ).json()["data"]
     assert [j["custom_id"] for j in jobs] == ids
-    assert len(env.ctx.redis.xrange(env.ctx.keys.stream("batch"))) == 9
+    assert batch_length(env.ctx.redis, env.ctx.keys) == 9
     _finish(env, batch["id"], fail={"r-5"})
     done = env.client.get(f"/v1/batches/{batch['id']}", headers=h).json()
     assert done["status"] == "completed", done

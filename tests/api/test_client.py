@@ -121,3 +121,21 @@ def test_submit_batch_retries_its_creation_with_one_idempotency_key(tmp_path) ->
     keys.clear()
     c.submit_batch(path, idempotency_key="nightly-2026-12-01")
     assert keys[-1] == "nightly-2026-12-01"
+
+
+def test_submit_sends_a_deadline_as_rfc3339_or_unix_seconds() -> None:
+    import json
+    from datetime import datetime, timezone
+
+    sent: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(201, json={"id": "job_1", "status": "queued"})
+
+    c = Client("http://x", api_key="k", transport=httpx.MockTransport(handler))
+    due = datetime(2027, 1, 1, 12, tzinfo=timezone.utc)
+    c.submit({"prompt": "hi"}, queue_class="batch", deadline=due)
+    c.submit({"prompt": "hi"}, queue_class="batch", deadline=1_800_000_000)
+    c.submit({"prompt": "hi"})
+    assert [s.get("deadline") for s in sent] == ["2027-01-01T12:00:00+00:00", 1_800_000_000, None]

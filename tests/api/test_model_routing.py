@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.api.conftest import ApiEnv, batch_lines, jsonl, wait_expanded
+from tests.service.helpers import batch_length
 from worker.store.base import utcnow
 from worker.store.crud.workers import heartbeat, register_worker
 from worker.store.models import Worker
@@ -177,8 +178,8 @@ def test_a_batch_is_of_one_model(make_env) -> None:
     assert r.json()["model"] == "other"
     done = wait_expanded(env, h, r.json()["id"])
     assert done["request_counts"]["total"] == 3
-    stream = env.ctx.keys.for_model("other").stream("batch")
-    assert len(env.ctx.redis.xrange(stream)) == 2  # lines 1 and 2 (which names none)
+    other = env.ctx.keys.for_model("other")
+    assert batch_length(env.ctx.redis, other) == 2  # lines 1 and 2 (which names none)
     jobs = env.client.get(f"/v1/jobs?batch_id={done['id']}", headers=h).json()["data"]
     assert {j["model"] for j in jobs} == {"other"}
     from api.control.staging import read_errors

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
 import uuid
 from datetime import timedelta
 
@@ -102,6 +103,12 @@ def test_top_once_shows_workers_and_queue_depths(db, capsys: pytest.CaptureFixtu
             client.xadd(stream, {"job_id": f"job_x{i}"})
         client.xreadgroup(keys.group, "c1", {stream: ">"}, count=2)  # 2 pending, 5 undelivered
         client.xadd(keys.dead, {"job_id": "job_dead"})
+        from worker.queue.message import JobMessage
+        from worker.queue.producer import publish
+
+        publish(redis_client=client, keys=keys, messages=[  # a batch lane due in two hours
+            ("batch", JobMessage(job_id="job_b", body={"body": {"prompt": "p"}},
+                                 deadline=time.time() + 7200))])
         assert main(["top", "--once", "--window", "60", "--database-url", url,
                      "--redis-url", REDIS_URL, "--prefix", keys.prefix]) == 0  # fmt: skip
     finally:
@@ -120,9 +127,13 @@ def test_top_once_shows_workers_and_queue_depths(db, capsys: pytest.CaptureFixtu
     assert not any(line.startswith("w-old") for line in lines)
     # the streams of the model the workers served (w-top, w-stale and w-old: tiny-llama)
     row = next(line for line in lines if line.split()[:2] == ["tiny-llama", "interactive"])
-    assert row.split()[2:] == ["7", "2", "5", "1"]  # length, pending, undelivered, consumers
+    # length, pending, undelivered, consumers; no deadline nor slack
+    assert row.split()[2:] == ["7", "2", "5", "1", "-", "-"]
+    lane = next(line for line in lines if line.split()[:2] == ["tiny-llama", "batch"])
+    assert lane.split()[2:6] == ["1", "0", "1", "0"]
+    assert lane.split()[6].startswith("+1h5") and lane.split()[7].startswith("+1h5")  # due, slack
     dead = next(line for line in lines if line.split()[:2] == ["tiny-llama", "dead"])
-    assert dead.split()[2:] == ["1", "-", "-", "-"]
+    assert dead.split()[2:] == ["1", "-", "-", "-", "-", "-"]
     assert "\x1b[" not in out  # --once prints plain text
 
 

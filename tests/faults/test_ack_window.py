@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import tests.service.test_worker_failures as wf
-from tests.service.helpers import prompt_jobs, start_worker, wait_for
+from tests.service.helpers import batch_pending, only_lane, prompt_jobs, start_worker, wait_for
 from worker.jobs.enqueue import enqueue
 from worker.queue.connection import make_redis
 from worker.queue.group import ensure_groups
@@ -49,10 +49,9 @@ def test_kill_between_commit_and_ack(
         r.execute_command("CLIENT", "UNPAUSE")
         if a.poll() is None:
             a.kill()
-    pending = r.xpending_range(keys.stream("batch"), keys.group, min="-", max="+", count=1000)
-    entry_job = {
-        entry_id: fields["job_id"] for entry_id, fields in r.xrange(keys.stream("batch"))
-    }
+    lane = only_lane(r, keys)
+    pending = r.xpending_range(lane, keys.group, min="-", max="+", count=1000)
+    entry_job = {entry_id: fields["job_id"] for entry_id, fields in r.xrange(lane)}
     with session_factory() as s:
         st = statuses(session=s, job_ids=ids)
     window = [entry_job[p["message_id"]] for p in pending if st[entry_job[p["message_id"]]]
@@ -64,7 +63,7 @@ def test_kill_between_commit_and_ack(
     try:
         wait_for(lambda: wf._done(session_factory, N_JOBS), timeout=300, what="all jobs to end")
         assert wf._counts(session_factory) == {"succeeded": N_JOBS}
-        wait_for(lambda: r.xpending(keys.stream("batch"), keys.group)["pending"] == 0,
+        wait_for(lambda: batch_pending(r, keys) == 0,
                  timeout=30, what="every entry to be acked")
     finally:
         assert wf._stop(b) == 0

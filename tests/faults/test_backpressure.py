@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.processes import ROOT
+from tests.service.helpers import batch_entries
 from worker.queue.connection import make_redis
 
 pytestmark = pytest.mark.services
@@ -100,7 +101,7 @@ def test_enqueue_stops_clearly_and_reruns_without_duplicates(
     assert third.returncode == 0, third.stderr
     assert len(third.stdout.split()) == 6 and stored() == 10
     assert set(first.stdout.split()).isdisjoint(third.stdout.split())
-    published = Counter(f["job_id"] for _, f in r.xrange(keys.stream("batch")))
+    published = Counter(f["job_id"] for _, _, f in batch_entries(r, keys))
     assert len(published) == 10 and max(published.values()) == 1  # no duplicates
     assert run(0).stdout == ""  # a fourth run finds everything enqueued
     r.close()

@@ -8,7 +8,7 @@ import pytest
 
 import tests.service.test_worker_failures as wf
 from tests.service.conftest import REDIS_URL
-from tests.service.helpers import prompt_jobs, start_worker, wait_for
+from tests.service.helpers import batch_pending, prompt_jobs, start_worker, wait_for
 from worker.jobs.enqueue import enqueue
 from worker.queue.group import ensure_groups
 from worker.store.crud.jobs import list_jobs
@@ -52,7 +52,7 @@ def test_broken_engine_hands_jobs_back_and_exits(
                  what="worker b to start")
         wait_for(lambda: wf._done(session_factory, len(ids)), timeout=150, what="all jobs to end")
         assert wf._counts(session_factory) == {"succeeded": N_JOBS}
-        wait_for(lambda: redis_client.xpending(keys.stream("batch"), keys.group)["pending"] == 0,
+        wait_for(lambda: batch_pending(redis_client, keys) == 0,
                  timeout=20, what="every entry to be acked")
     finally:
         assert wf._stop(b) == 0

@@ -18,6 +18,7 @@ import pytest
 from api.control.batch_ids import line_of_job
 from tests.api.conftest import REDIS_URL, batch_lines
 from tests.faults.processes import ApiProcess, CeleryWorker
+from tests.service.helpers import batch_entries
 from worker.store.schemas import JobResult
 
 pytestmark = pytest.mark.services
@@ -144,8 +145,8 @@ def _assert_every_line_once(env, batch_id: str, get) -> None:
     assert {line_of_job(x["response"]["request_id"]) for x in err} == {
         i for i in range(1, N_LINES + 1) if i % BAD_EVERY == 0
     }
-    entries = env.ctx.redis.xrange(env.ctx.keys.stream("batch"))
-    published = Counter(fields["job_id"] for _, fields in entries)
+    entries = batch_entries(env.ctx.redis, env.ctx.keys)
+    published = Counter(fields["job_id"] for _, _, fields in entries)
     assert not published or max(published.values()) == 1  # no line published twice
 
 

@@ -17,7 +17,7 @@ import pytest
 import tests.service.test_worker_failures as wf
 from tests.faults.processes import StallingProxy
 from tests.service.conftest import REDIS_URL
-from tests.service.helpers import prompt_jobs, start_worker, wait_for
+from tests.service.helpers import batch_pending_by_consumer, prompt_jobs, start_worker, wait_for
 from worker.jobs.enqueue import enqueue
 from worker.queue.group import ensure_groups
 
@@ -53,9 +53,7 @@ def test_postgres_stalled_for_one_worker_no_takeover(
                  what="first results")
         proxy.stall()
         stalled_at = time.monotonic()
-        wait_for(lambda: redis_client.xpending(keys.stream("batch"), keys.group)["consumers"]
-                 and any(c["name"] == "a" and int(c["pending"]) > 0 for c in
-                         redis_client.xpending(keys.stream("batch"), keys.group)["consumers"]),
+        wait_for(lambda: batch_pending_by_consumer(redis_client, keys).get("a", 0) > 0,
                  timeout=10, what="a to hold entries during the outage", interval=0.05)
         time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - stalled_at)))
         assert a.poll() is None, "worker a died during the outage"

@@ -11,7 +11,13 @@ import pytest
 
 import tests.service.test_worker_failures as wf
 from tests.service.conftest import REDIS_URL
-from tests.service.helpers import prompt_jobs, start_worker, wait_for
+from tests.service.helpers import (
+    batch_pending,
+    batch_pending_by_consumer,
+    prompt_jobs,
+    start_worker,
+    wait_for,
+)
 from worker.jobs.enqueue import enqueue
 from worker.queue.group import ensure_groups
 
@@ -23,8 +29,7 @@ FLAGS = ["--attention-backend", "torch", "--max-num-seqs", str(SLOTS)]
 
 
 def _pending_per_consumer(redis_client, keys) -> dict[str, int]:
-    info = redis_client.xpending(keys.stream("batch"), keys.group)
-    return {c["name"]: int(c["pending"]) for c in info.get("consumers") or []}
+    return batch_pending_by_consumer(redis_client, keys)
 
 
 def test_three_workers_one_killed(migrated_pg, session_factory, redis_client, keys, tmp_path):
@@ -60,7 +65,7 @@ def test_three_workers_one_killed(migrated_pg, session_factory, redis_client, ke
             most_held = max([most_held, *(n for c, n in held.items() if c != "a")])
             time.sleep(0.1)
         assert wf._counts(session_factory) == {"succeeded": N_JOBS}
-        wait_for(lambda: redis_client.xpending(keys.stream("batch"), keys.group)["pending"] == 0,
+        wait_for(lambda: batch_pending(redis_client, keys) == 0,
                  timeout=30, what="every entry to be acked")
     finally:
         for name, proc in workers.items():

@@ -102,6 +102,16 @@ def any_redis(request):
     return request.getfixturevalue("redis_cluster").url
 
 
+@pytest.fixture
+def any_redis_client(any_redis: str):
+    """A client on the test Redis, then (a second run) on the local cluster."""
+    from worker.queue.connection import make_redis
+
+    client = make_redis(url=any_redis)
+    yield client
+    client.close()
+
+
 TEST_MODEL = "tiny-llama"  # the model of the workers these tests start
 
 

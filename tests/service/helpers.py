@@ -32,6 +32,65 @@ def prompt_jobs(n: int, *, max_tokens: int = 6, cls: str = "batch", tag: str = "
     ]
 
 
+def batch_lanes(redis_client: Any, keys: Any) -> list[str]:
+    """The batch lanes of ``keys.model`` (earliest deadline first)."""
+    from worker.queue.lanes import lane_list
+
+    return [lane for lane, _ in lane_list(redis_client=redis_client, keys=keys)]
+
+
+def only_lane(redis_client: Any, keys: Any) -> str:
+    """The one batch lane of ``keys.model`` (the test published its batch work in one go)."""
+    lanes = batch_lanes(redis_client, keys)
+    assert len(lanes) == 1, f"expected one batch lane, found {lanes}"
+    return lanes[0]
+
+
+def batch_pending(redis_client: Any, keys: Any) -> int:
+    """Batch entries delivered and not acked, over every lane."""
+    return sum(int(redis_client.xpending(lane, keys.group)["pending"])
+               for lane in batch_lanes(redis_client, keys))
+
+
+def batch_pending_by_consumer(redis_client: Any, keys: Any) -> dict[str, int]:
+    """Batch entries delivered and not acked per consumer, over every lane."""
+    out: dict[str, int] = {}
+    for lane in batch_lanes(redis_client, keys):
+        for c in redis_client.xpending(lane, keys.group).get("consumers") or []:
+            out[c["name"]] = out.get(c["name"], 0) + int(c["pending"])
+    return out
+
+
+def batch_length(redis_client: Any, keys: Any) -> int:
+    """Batch entries held (acked ones too, until trimmed), over every lane."""
+    return sum(int(redis_client.xlen(lane)) for lane in batch_lanes(redis_client, keys))
+
+
+def batch_entries(redis_client: Any, keys: Any) -> list[tuple[str, str, dict[str, str]]]:
+    """``(lane, entry id, fields)`` of every batch entry held, lane by lane."""
+    return [(lane, entry_id, fields) for lane in batch_lanes(redis_client, keys)
+            for entry_id, fields in redis_client.xrange(lane)]
+
+
+def raw_batch_entry(redis_client: Any, keys: Any, fields: dict[str, str], *,
+                    due_in_s: float = 3600.0) -> tuple[str, str]:
+    """XADD ``fields`` as they are (a garbled entry, say) to the lane of a deadline
+    ``due_in_s`` from now, listed in the lane set as a publish would; returns (lane, id)."""
+    import redis
+
+    from worker.queue.slack import lane_end
+
+    now = time.time()
+    lane = keys.lane(lane_end(now + due_in_s, now))
+    try:
+        redis_client.xgroup_create(lane, keys.group, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+    redis_client.zadd(keys.lanes, {lane: now + due_in_s}, lt=True)
+    return lane, redis_client.xadd(lane, fields)
+
+
 def wait_for(cond: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.2) -> None:
     """Poll ``cond`` until true; fail the test with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

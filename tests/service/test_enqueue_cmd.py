@@ -8,6 +8,7 @@ import pytest
 
 from cli.main import main
 from tests.service.conftest import REDIS_URL
+from tests.service.helpers import batch_length
 
 pytestmark = pytest.mark.services
 
@@ -32,7 +33,7 @@ def test_enqueue_takes_n_above_one_and_refuses_bad_lines_alone(tmp_path, redis_c
     assert len(out.split()) == 3  # three job ids: n=2 is queued like any other line
     assert "line 3:" in err and "bogus" in err
     assert "enqueued 3 jobs, 1 invalid line skipped" in err
-    assert redis_client.xlen(keys.stream("batch")) == 3
+    assert batch_length(redis_client, keys) == 3
 
 
 def test_enqueue_refuses_what_the_api_refuses(tmp_path, redis_client, keys, capsys,
@@ -74,4 +75,4 @@ def test_enqueue_refuses_what_the_api_refuses(tmp_path, redis_client, keys, caps
         stored = {j.custom_id for j in session.query(Job).all()}
     engine.dispose()
     assert stored == {"line-1", "x"}
-    assert redis_client.xlen(keys.stream("batch")) == 2
+    assert batch_length(redis_client, keys) == 2

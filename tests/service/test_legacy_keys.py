@@ -4,12 +4,13 @@ by hand and by a worker as it starts."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
 from tests.service.conftest import REDIS_URL
-from tests.service.helpers import prompt_jobs, wait_for, worker_thread
+from tests.service.helpers import batch_entries, prompt_jobs, wait_for, worker_thread
 from worker.jobs.legacy_keys import move_legacy_keys
 from worker.queue.message import JobMessage
 from worker.store.crud.job_status import create_jobs, finish_jobs, start_jobs
@@ -42,6 +43,11 @@ def _ids_in(redis_client: Any, stream: str) -> list[str]:
     return [f["job_id"] for _, f in redis_client.xrange(stream)]
 
 
+def _batch_ids(redis_client: Any, keys: Any) -> list[str]:
+    """The job ids the batch lanes of ``keys.model`` hold."""
+    return [f["job_id"] for _, _, f in batch_entries(redis_client, keys)]
+
+
 def test_old_entries_move_once_and_what_a_live_old_worker_holds_stays(
     session_factory, redis_client, keys
 ) -> None:
@@ -72,9 +78,8 @@ def test_old_entries_move_once_and_what_a_live_old_worker_holds_stays(
                              keys=keys, mover="legacy-mover:w", min_idle_ms=60_000)
     assert (first.moved, first.finished) == (3, False)  # queued, stale, elsewhere
     assert first.dropped == 2  # ended; copied (a new stream carries it already)
-    new = keys.stream("batch")
-    assert sorted(_ids_in(redis_client, new)) == sorted([copied, queued, stale])  # once each
-    assert _ids_in(redis_client, keys.for_model("other-model").stream("batch")) == [elsewhere]
+    assert sorted(_batch_ids(redis_client, keys)) == sorted([copied, queued, stale])  # once each
+    assert _batch_ids(redis_client, keys.for_model("other-model")) == [elsewhere]
     assert carried_among(redis_client=redis_client, keys=keys,
                          job_ids=[queued, stale, copied]) == {queued, stale, copied}
     with session_factory() as s:
@@ -145,3 +150,53 @@ def test_nothing_to_move_on_a_cluster(session_factory, redis_cluster, keys) -> N
         assert (done.moved, done.finished) == (0, False)
     finally:
         client.close()
+
+
+def test_the_batch_stream_from_before_the_lanes_moves_into_them(
+    session_factory, any_redis_client, keys
+) -> None:
+    """A model's one batch stream (``{p:m}:jobs:batch``, before the deadline lanes) moves to
+    the lane of each job's deadline, on one server and on a cluster (its keys share the
+    model's tag); what a live worker holds stays with it until acked."""
+    from datetime import timedelta
+
+    from worker.queue.carried import carried_among
+    from worker.queue.consumer import read_new
+    from worker.queue.slack import lane_end
+    from worker.store.base import utcnow
+
+    client = any_redis_client
+    jobs = prompt_jobs(4)
+    for job in jobs:
+        job.model = keys.model
+    now = utcnow()
+    jobs[0].deadline, jobs[1].deadline = now + timedelta(hours=1), now + timedelta(hours=48)
+    with session_factory.begin() as s:
+        ids = create_jobs(session=s, jobs=jobs)  # the rows name their model
+    old = keys.unlaned_batch
+    client.xgroup_create(old, keys.group, id="0", mkstream=True)
+    for job_id, job in zip(ids, jobs, strict=True):
+        entry = client.xadd(old, JobMessage(job_id=job_id, body=job.request).encode())
+        client.hset(keys.carried, job_id, f"{old}|{entry}")
+    client.xreadgroup(keys.group, "live-worker", {old: ">"}, count=1)  # holds ids[0]
+    first = move_legacy_keys(session_factory=session_factory, redis_client=client,
+                             keys=keys, mover="legacy-mover:w", min_idle_ms=60_000)
+    assert (first.moved, first.dropped, first.finished) == (3, 0, False)
+    assert carried_among(redis_client=client, keys=keys, job_ids=ids) == set(ids)
+    (entry_id,) = [e for e, f in client.xrange(old) if f["job_id"] == ids[0]]
+    client.xack(old, keys.group, entry_id)  # the live worker ended it
+    client.hdel(keys.carried, ids[0])
+    with session_factory.begin() as s:
+        finish_jobs(session=s, results=[JobResult(job_id=ids[0], status="succeeded")],
+                    worker_id="live")
+    last = move_legacy_keys(session_factory=session_factory, redis_client=client,
+                            keys=keys, mover="legacy-mover:w", min_idle_ms=60_000)
+    assert last.finished and client.exists(old) == 0
+    t = time.time()
+    lanes = {f["job_id"]: lane for lane, _, f in batch_entries(client, keys)}
+    assert lanes[ids[1]] == keys.lane(lane_end(jobs[1].deadline.timestamp(), t))
+    assert keys.lane_end(lanes[ids[2]]) == keys.lane_end(lanes[ids[3]])  # default 24 h
+    got = read_new(redis_client=client, keys=keys, consumer="c", count=5)
+    assert [d.job_id for d in got] == [ids[2], ids[3], ids[1]]  # 24 h before 48 h
+    assert got[2].message is not None
+    assert got[2].message.deadline == pytest.approx(jobs[1].deadline.timestamp())

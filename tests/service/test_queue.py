@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 
 from tests.service.conftest import delete_prefix
+from tests.service.helpers import batch_pending, only_lane
 from worker.jobs.dead_letter import dead_letter
 from worker.jobs.enqueue import enqueue
 from worker.jobs.republish import reconcile
@@ -27,13 +28,9 @@ pytestmark = pytest.mark.services
 
 
 @pytest.fixture
-def redis_client(any_redis: str):
+def redis_client(any_redis_client):
     """A client on one server, then on the cluster (this module's tests run on both)."""
-    from worker.queue.connection import make_redis
-
-    client = make_redis(url=any_redis)
-    yield client
-    client.close()
+    return any_redis_client
 
 
 def _new(n: int, cls: str = "batch") -> list[NewJob]:
@@ -113,7 +110,7 @@ def test_take_over_stale_respects_touch_and_dead_letters(session_factory, redis_
         assert job.status == "failed" and "dead-lettered" in job.error
     dead = redis_client.xrange(keys.dead)
     assert [f["job_id"] for _, f in dead] == [ids[1]]
-    assert redis_client.xpending(keys.stream("batch"), keys.group)["pending"] == 1
+    assert batch_pending(redis_client, keys) == 1
 
 
 def test_take_over_stale_reaches_dead_entries_behind_live_ones(session_factory, redis_client, keys) -> None:
@@ -123,7 +120,7 @@ def test_take_over_stale_reaches_dead_entries_behind_live_ones(session_factory, 
     enqueue(session_factory=session_factory, redis_client=redis_client, keys=keys, jobs=_new(33))
     live = read_new(redis_client=redis_client, keys=keys, consumer="live", count=30)
     dead = read_new(redis_client=redis_client, keys=keys, consumer="dead", count=3)
-    stream = keys.stream("batch")
+    stream = only_lane(redis_client, keys)
     # the dead worker's entries have been idle for an hour; the live ones are fresh
     redis_client.xclaim(stream, keys.group, "dead", 0, [d.entry_id for d in dead], idle=3_600_000, justid=True)
     cursors: dict[str, str] = {}
@@ -151,7 +148,7 @@ def test_trim_never_deletes_pending_or_unread(session_factory, redis_client, key
     # ack 0, 2, 3; 1 stays pending; 4 and 5 unread
     ack(redis_client=redis_client, keys=keys, entries=[(got[i].stream, got[i].entry_id, got[i].job_id) for i in (0, 2, 3)])
     assert trim_streams(redis_client=redis_client, keys=keys) == 1  # only entry 0 may go
-    left = [eid for eid, _ in redis_client.xrange(keys.stream("batch"))]
+    left = [eid for eid, _ in redis_client.xrange(only_lane(redis_client, keys))]
     assert left[0] == got[1].entry_id and len(left) == 5
     ack(redis_client=redis_client, keys=keys, entries=[(got[1].stream, got[1].entry_id, got[1].job_id)])
     assert trim_streams(redis_client=redis_client, keys=keys) == 3

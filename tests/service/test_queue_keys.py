@@ -17,7 +17,9 @@ def _slot(key: str) -> int:
 @pytest.mark.parametrize("model", ["tiny-llama", "org/Model-7B", "llama3:8b", "we{ird}", "a b%"])
 def test_a_models_keys_share_one_slot_and_the_deployment_keys_another(model: str) -> None:
     keys = QueueKeys(prefix="p", model=model)
-    together = [*keys.streams, keys.dead, keys.suspects, keys.carried, keys.carried_ready,
+    together = [keys.interactive, keys.lane(1_800_000_000), keys.lane(7), keys.unlaned_batch,
+                keys.dead, keys.suspects, keys.carried, keys.carried_ready, keys.lanes,
+                keys.lane_work, keys.rates,
                 keys.admission_probe]  # scripts and transactions touch these together
     assert len({_slot(k) for k in together}) == 1
     assert all(k.startswith(keys.model_tag + ":") for k in together)
@@ -26,17 +28,22 @@ def test_a_models_keys_share_one_slot_and_the_deployment_keys_another(model: str
                   keys.finalize_lock("b")]
     assert {_slot(k) for k in deployment} == {_slot("{p}")}
     assert "{" not in keys.deltas("j") and "{" not in keys.rate("t", 1)  # spread, one key each
-    for queue_class in ("interactive", "batch"):
-        assert keys.class_of(keys.stream(queue_class)) == queue_class
+    assert keys.class_of(keys.interactive) == "interactive" == keys.class_of(keys.stream("interactive"))
+    assert keys.class_of(keys.lane(1_800_000_000)) == "batch"
+    assert keys.lane_end(keys.lane(1_800_000_000)) == 1_800_000_000
+    assert keys.lane_end(keys.interactive) is None and keys.lane_end(keys.unlaned_batch) is None
+    with pytest.raises(ValueError, match="lane of its deadline"):
+        keys.stream("batch")
 
 
 def test_models_spread_over_slots_and_need_naming() -> None:
-    slots = {_slot(QueueKeys(prefix="inflight", model=f"m{i}").stream("batch")) for i in range(50)}
+    slots = {_slot(QueueKeys(prefix="inflight", model=f"m{i}").lane(60)) for i in range(50)}
     assert len(slots) > 40  # one slot per model, not one for the deployment
     unbound = QueueKeys(prefix="inflight")
     with pytest.raises(ValueError, match="for_model"):
-        unbound.stream("batch")
-    assert unbound.for_model("m").stream("batch") == "{inflight:m}:jobs:batch"
+        unbound.lane(60)
+    assert unbound.for_model("m").lane(60) == "{inflight:m}:jobs:batch:60"
+    assert unbound.for_model("m").interactive == "{inflight:m}:jobs:interactive"
     assert unbound.cancels == "{inflight}:cancels"  # deployment keys need no model
     with pytest.raises(ValueError, match="braces"):
         QueueKeys(prefix="a{b}")

@@ -12,7 +12,7 @@ import pytest
 
 from cli.main import main
 from tests.service.conftest import REDIS_URL
-from tests.service.helpers import prompt_jobs, wait_for, worker_thread
+from tests.service.helpers import batch_length, prompt_jobs, wait_for, worker_thread
 from worker.service.config import WorkerConfig
 from worker.service.model_info import describe_engine, model_id_for
 from worker.service.worker import default_engine_factory
@@ -101,7 +101,7 @@ def test_a_worker_serves_the_name_it_is_given_and_only_its_models_streams(
         with session_factory() as s:
             assert [m.id for m in served_models(session=s, within=LIVE)] == ["gpt-4o-mini"]
     assert status(other[0]) == "queued"
-    assert redis_client.xlen(keys.stream("batch")) == 1
+    assert batch_length(redis_client, keys) == 1
 
 
 def _seed(session_factory) -> None:

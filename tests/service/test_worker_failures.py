@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from tests.service.conftest import REDIS_URL, delete_prefix
-from tests.service.helpers import prompt_jobs, start_worker, wait_for
+from tests.service.helpers import batch_lanes, batch_pending, prompt_jobs, start_worker, wait_for
 from tests.service.tcp_proxy import TcpProxy
 from worker.jobs.enqueue import enqueue
 from worker.queue.group import ensure_groups
@@ -93,7 +93,7 @@ def test_kill9_mid_run_then_new_worker(migrated_pg, session_factory, redis_clien
         try:
             wait_for(lambda: _done(session_factory, len(ids)), timeout=150, what="all 200 jobs to end")
             assert _counts(session_factory) == {"succeeded": 200}
-            wait_for(lambda: redis_client.xpending(keys.stream("batch"), keys.group)["pending"] == 0,
+            wait_for(lambda: batch_pending(redis_client, keys) == 0,
                      timeout=20, what="every entry to be acked")
         finally:
             assert _stop(b) == 0
@@ -125,13 +125,15 @@ def test_redis_flushed_mid_run(migrated_pg, session_factory, redis_client, keys,
 
 
 def _acked_job_ids(redis_client, keys) -> set[str]:
-    stream = keys.stream("batch")
-    entries = redis_client.xrange(stream)
-    (group,) = redis_client.xinfo_groups(stream)
-    last = tuple(int(x) for x in group["last-delivered-id"].split("-"))
-    pending = {r["message_id"] for r in redis_client.xpending_range(stream, keys.group, "-", "+", 100_000)}
-    return {f["job_id"] for eid, f in entries
-            if tuple(int(x) for x in eid.split("-")) <= last and eid not in pending}
+    out: set[str] = set()
+    for stream in batch_lanes(redis_client, keys):
+        entries = redis_client.xrange(stream)
+        (group,) = redis_client.xinfo_groups(stream)
+        last = tuple(int(x) for x in group["last-delivered-id"].split("-"))
+        pending = {r["message_id"] for r in redis_client.xpending_range(stream, keys.group, "-", "+", 100_000)}
+        out |= {f["job_id"] for eid, f in entries
+                if tuple(int(x) for x in eid.split("-")) <= last and eid not in pending}
+    return out
 
 
 def test_postgres_unreachable_for_a_few_seconds(migrated_pg, session_factory, redis_client, keys, tmp_path) -> None:
@@ -183,7 +185,7 @@ def test_sigterm_drains_and_second_signal_stops_at_once(migrated_pg, session_fac
     assert counts.get("succeeded", 0) < 24 and sum(counts.values()) == 24
     # what the drain did not finish was re-published as fresh entries: nothing stays pending
     # with a delivery counted against it
-    assert redis_client.xpending(keys.stream("batch"), keys.group)["pending"] == 0
+    assert batch_pending(redis_client, keys) == 0
     # a new worker reads the re-published entries and finishes the rest
     w2 = start_worker(db_url=migrated_pg, redis_url=REDIS_URL, prefix=keys.prefix, name="d", log_path=log)
     try:
@@ -200,7 +202,7 @@ def test_sigterm_drains_and_second_signal_stops_at_once(migrated_pg, session_fac
         w2.send_signal(signal.SIGTERM)
         assert w2.wait(30) == 1
         assert time.monotonic() - t0 < 10
-        assert redis_client.xpending(keys.stream("batch"), keys.group)["pending"] == len(long)
+        assert batch_pending(redis_client, keys) == len(long)
     finally:
         if w2.poll() is None:
             w2.kill()

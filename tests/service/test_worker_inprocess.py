@@ -13,6 +13,7 @@ from tests.service.conftest import REDIS_URL
 from tests.service.helpers import prompt_jobs, wait_for, worker_thread
 from worker.jobs.cancel import request_cancel
 from worker.jobs.enqueue import enqueue
+from worker.queue.lanes import lane_states
 from worker.queue.message import JobMessage
 from worker.queue.producer import publish
 from worker.service.config import WorkerConfig
@@ -67,8 +68,9 @@ def test_worker_runs_jobs_and_isolates_bad_ones(migrated_pg, session_factory, re
         with session_factory() as s:
             done = get_job(session=s, job_id=good[0])
         publish(redis_client=redis_client, keys=keys, messages=[("batch", JobMessage(job_id=done.id, body=done.request))])
-        wait_for(lambda: w.loop is not None and redis_client.xpending(keys.stream("batch"), keys.group)["pending"] == 0,
-                 timeout=20, what="the duplicate to be acked")
+        wait_for(lambda: w.loop is not None and all(
+            lane.remaining == 0 for lane in lane_states(redis_client=redis_client, keys=keys)),
+                 timeout=20, what="the duplicate to be read and acked")
     finally:
         w.stop()
         t.join(60)

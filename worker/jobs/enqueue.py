@@ -12,13 +12,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from worker.queue.keys import QueueKeys
+from worker.queue.keys import QUEUE_CLASSES, QueueKeys
 from worker.queue.message import JobMessage
 from worker.queue.producer import publish
+from worker.queue.slack import DEFAULT_WINDOW_S
 from worker.store.base import utcnow
 from worker.store.crud.job_status import create_jobs
 from worker.store.crud.jobs import new_job_id
@@ -80,6 +82,7 @@ class JobWrite:
                 queued_at=self.queued_at,
                 attempts=0,
                 max_tokens=j.max_tokens,
+                deadline=j.deadline,
             )
             for j in self._jobs
             if j.id in fresh
@@ -100,16 +103,25 @@ def enqueuing(
     the body inserted, each to the streams of its model (raises :class:`NotPublished` if
     Redis refuses). An exception in the body rolls everything back and publishes nothing.
     A job without a model takes ``keys.model`` (ValueError, before anything is written,
-    when that names none either).
+    when that names none either). A batch job without a deadline is given one now:
+    ``DEFAULT_WINDOW_S`` from now (``worker.queue.slack``); it picks the job's lane. An
+    interactive job with a deadline is a ValueError (interactive work is read first, a
+    deadline would not change when it runs).
 
     Each job gets its id now (``job.id`` when set) and, with tracing on, an
     ``inflight.enqueue`` span (child of ``traceparent`` or of the current span) whose
     context its message carries."""
+    now = utcnow()
     for job in jobs:
         job.model = job.model or keys.model
         if not job.model:
             raise ValueError("a job names no model, and neither do the queue keys")
-        keys.for_model(job.model).stream(job.queue_class)  # validate before any write
+        if job.queue_class not in QUEUE_CLASSES:  # validate before any write
+            raise ValueError(f"queue class {job.queue_class!r}: expected one of {QUEUE_CLASSES}")
+        if job.queue_class == "batch" and job.deadline is None:
+            job.deadline = now + timedelta(seconds=DEFAULT_WINDOW_S)
+        elif job.queue_class == "interactive" and job.deadline is not None:
+            raise ValueError("a deadline is for batch work; interactive jobs are read first")
         job.id = job.id or new_job_id()  # known before the commit, for the spans
     spans = [EnqueuedJob(j.id, j.queue_class, j.tenant, j.priority) for j in jobs]
     with enqueue_spans(spans, traceparent=traceparent) as traceparents:
@@ -126,6 +138,7 @@ def enqueuing(
                     tenant=job.tenant,
                     priority=job.priority,
                     traceparent=traceparents.get(job.id),
+                    deadline=job.deadline.timestamp() if job.deadline is not None else None,
                 )
                 by_model.setdefault(str(job.model), []).append((job.queue_class, message))
         try:

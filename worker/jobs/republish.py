@@ -1,5 +1,6 @@
 """Re-publishing: open jobs that SQL holds but no stream entry carries are published again,
-each to the streams of its model (``jobs.model``).
+each to the streams of its model (``jobs.model``), a batch job to the lane of its deadline
+(``jobs.deadline``).
 
 That happens when Redis restarted without persistence (or was flushed), or when a
 producer's publish failed after its commit (:class:`worker.jobs.enqueue.NotPublished`).
@@ -25,10 +26,12 @@ from worker.queue.keys import QueueKeys
 from worker.queue.lock import RenewableLock
 from worker.queue.message import JobMessage
 from worker.queue.producer import publish
+from worker.queue.slack import DEFAULT_WINDOW_S
 from worker.store.base import utcnow
 from worker.store.crud.job_status import assign_model
 from worker.store.crud.jobs import open_job_heads, open_jobs_with_ids
 from worker.store.crud.workers import live_worker_ids
+from worker.store.models import Job
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +99,15 @@ def _candidates(
     return by_model
 
 
+def _deadline(job: Job) -> float | None:
+    """The epoch deadline a re-published batch job goes to the lane of: its own, else (a row
+    from before revision 0016) ``DEFAULT_WINDOW_S`` after it was queued."""
+    if job.queue_class != "batch":
+        return None
+    due = job.deadline or job.queued_at + timedelta(seconds=DEFAULT_WINDOW_S)
+    return due.timestamp()
+
+
 def _republish_absent(
     session_factory: sessionmaker[Session],
     redis_client: redis.Redis,
@@ -119,7 +131,7 @@ def _republish_absent(
             j.queue_class,
             JobMessage(
                 job_id=j.id, body=j.request, tenant=j.tenant, priority=j.priority,
-                attempt=j.attempts,
+                attempt=j.attempts, deadline=_deadline(j),
             ),
         )
         for j in missing

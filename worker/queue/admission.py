@@ -1,7 +1,8 @@
 """Backpressure: whether a queue can take more jobs now, checked before anything is written.
 
 Two reasons to refuse: Redis refuses writes (out of memory under ``noeviction``, a read-only
-replica, unreachable), or the stream is deeper than a configured bound. The write probe is a
+replica, unreachable), or the queue is deeper than a configured bound (the interactive
+stream; for batch work, the model's lanes together). The write probe is a
 tiny expiring key, so a Redis that would refuse the XADD refuses the probe first and nothing
 is committed to SQL for a job that could not be published."""
 
@@ -54,15 +55,11 @@ class Admission:
 def admit(
     *, redis_client: redis.Redis, keys: QueueKeys, queue_class: str, offered: int, max_depth: int
 ) -> Admission:
-    """Admit up to ``offered`` jobs to ``queue_class``'s stream of ``keys.model``
+    """Admit up to ``offered`` jobs to ``queue_class``'s queue of ``keys.model``
     (``max_depth`` 0: no bound); raises QueueRefused when none can go in now. The probe is in
-    the stream's hash slot, so on a cluster it asks the node that would take the XADD."""
-    stream = keys.stream(queue_class)
+    the streams' hash slot, so on a cluster it asks the node that would take the XADD."""
     try:
-        pipe = cast(Any, redis_client).pipeline(transaction=False)
-        pipe.set(keys.admission_probe, "1", px=5000)
-        pipe.xlen(stream)
-        _, depth = pipe.execute()
+        depth = _depth(redis_client, keys, queue_class)
     except redis.RedisError as exc:
         raise redis_refusal(exc) from exc
     if not max_depth:
@@ -76,3 +73,21 @@ def admit(
             retry_after=RETRY_AFTER_FULL_S,
         )
     return Admission(room=min(offered, max(room, 0)))
+
+
+def _depth(redis_client: redis.Redis, keys: QueueKeys, queue_class: str) -> int:
+    """Write the probe, then the entries of the class's streams (XLEN of the interactive
+    stream, or of every lane)."""
+    pipe = cast(Any, redis_client).pipeline(transaction=False)
+    pipe.set(keys.admission_probe, "1", px=5000)
+    if queue_class != "batch":
+        pipe.xlen(keys.stream(queue_class))
+        return int(pipe.execute()[1])
+    pipe.zrange(keys.lanes, 0, -1)
+    lanes = pipe.execute()[1]
+    if not lanes:
+        return 0
+    pipe = cast(Any, redis_client).pipeline(transaction=False)
+    for lane in lanes:
+        pipe.xlen(lane)
+    return sum(int(n) for n in pipe.execute())

@@ -25,6 +25,7 @@ import redis
 
 from worker.queue.entry_ids import id_key
 from worker.queue.keys import QueueKeys
+from worker.queue.lanes import job_streams
 from worker.queue.scripts import queue_script
 
 PAGE = 1000
@@ -63,33 +64,59 @@ def forget(
 def carried_among(*, redis_client: redis.Redis, keys: QueueKeys, job_ids: list[str]) -> set[str]:
     """Which of ``job_ids`` a stream entry carries (the index must be ready). A field whose
     entry is older than its stream's first entry names an entry that is gone with its
-    stream (a stream key evicted, or deleted and created again): that job is not carried."""
+    stream (a stream key evicted, or deleted and created again): that job is not carried.
+    A lane that carries jobs but is missing from the lane set (its member evicted) is put
+    back, scored by its end, so the readers see it again."""
     client = cast(Any, redis_client)
-    first: dict[str, tuple[int, int] | None] = {}
-    for stream in keys.streams:
-        head = client.xrange(stream, min="-", max="+", count=1)
-        first[stream] = id_key(head[0][0]) if head else None
-    present: set[str] = set()
+    values: dict[str, tuple[str, str]] = {}
     for lo in range(0, len(job_ids), PAGE):
         page = job_ids[lo : lo + PAGE]
         for job_id, value in zip(page, client.hmget(keys.carried, page), strict=True):
-            if not value:
-                continue
-            stream, _, entry_id = value.partition("|")
-            oldest = first.get(stream)
-            if oldest is not None and id_key(entry_id) >= oldest:
-                present.add(job_id)
+            if value:
+                stream, _, entry_id = str(value).partition("|")
+                values[job_id] = (stream, entry_id)
+    named = sorted({stream for stream, _ in values.values()})
+    first = dict(zip(named, _first_ids(client, named), strict=True))
+    present = {
+        job_id for job_id, (stream, entry_id) in values.items()
+        if (oldest := first.get(stream)) is not None and id_key(entry_id) >= oldest
+    }
+    _relist_lanes(client, keys, [s for s in named if first.get(s) is not None])
     return present
 
 
+def _first_ids(client: Any, streams: list[str]) -> list[tuple[int, int] | None]:
+    """The id of each stream's first entry (None: empty or missing), in one pipeline."""
+    if not streams:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for stream in streams:
+        pipe.xrange(stream, min="-", max="+", count=1)
+    return [id_key(head[0][0]) if head else None for head in pipe.execute()]
+
+
+def _relist_lanes(client: Any, keys: QueueKeys, streams: list[str]) -> None:
+    """Put lanes that hold entries back in the lane set where they are missing from it."""
+    ends = {s: keys.lane_end(s) for s in streams}
+    lanes = [s for s, end in ends.items() if end is not None]
+    if not lanes:
+        return
+    listed = client.zmscore(keys.lanes, lanes)
+    missing = {s: float(ends[s] or 0) for s, score in zip(lanes, listed, strict=True)
+               if score is None}
+    if missing:
+        client.zadd(keys.lanes, missing, nx=True)
+
+
 def ensure_index(*, redis_client: redis.Redis, keys: QueueKeys) -> int:
-    """Build the index from the streams unless it is marked ready; returns how many entries
-    the build added (0 when it was ready). Only entries not yet acked are indexed."""
+    """Build the index from the streams (the interactive one and every listed lane) unless
+    it is marked ready; returns how many entries the build added (0 when it was ready).
+    Only entries not yet acked are indexed."""
     client = cast(Any, redis_client)
     if client.exists(keys.carried_ready):
         return 0
     added = 0
-    for stream in keys.streams:
+    for stream in job_streams(redis_client=redis_client, keys=keys):
         unacked = _unacked_filter(client, stream, keys.group)
         start = "-"
         while True:

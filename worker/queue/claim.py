@@ -19,6 +19,7 @@ import redis
 
 from worker.queue.group import ensure_groups, is_nogroup
 from worker.queue.keys import QueueKeys
+from worker.queue.lanes import job_streams
 
 START = "0-0"
 
@@ -41,13 +42,17 @@ def take_over_stale(
     cursors: dict[str, str] | None = None,
 ) -> list[tuple[str, str]]:
     """Make ``consumer`` the owner of up to ``count`` entries idle for ``min_idle_ms`` or
-    more (interactive first); returns their ``(stream, entry_id)``. ``cursors`` (stream ->
+    more (interactive first, then each lane, earliest deadline first); returns their
+    ``(stream, entry_id)``. ``cursors`` (stream ->
     where the next scan starts) is read and updated in place; pass the same dict on every
     call. Without it each call scans from the start of each stream's pending list."""
     if cursors is None:
         cursors = {}
     out: list[tuple[str, str]] = []
-    for stream in keys.streams:
+    streams = job_streams(redis_client=redis_client, keys=keys)
+    for gone in set(cursors) - set(streams):  # lanes dropped since
+        del cursors[gone]
+    for stream in streams:
         want = count - len(out)
         if want <= 0:
             break
@@ -58,7 +63,8 @@ def take_over_stale(
             )
         except redis.ResponseError as exc:
             if is_nogroup(exc):
-                ensure_groups(redis_client=redis_client, keys=keys)
+                if stream == keys.interactive:
+                    ensure_groups(redis_client=redis_client, keys=keys)
                 cursors.pop(stream, None)
                 continue
             raise

@@ -1,4 +1,10 @@
-"""Consumer side: read new entries (interactive first), replay own pending, ack, keep alive."""
+"""Consumer side: read new entries (interactive first, then the batch lanes in the order the
+caller gives: least slack first, ``worker.service.dispatch``), replay own pending, ack,
+keep alive.
+
+A lane can be dropped by the trim between the moment a reader listed it and its read (it
+held nothing then): the read of that lane answers NOGROUP and is skipped; only the
+interactive stream's group is made again on NOGROUP (after Redis lost its data)."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from worker.queue.delivery import Delivery
 from worker.queue.entry_ids import id_key
 from worker.queue.group import ensure_groups, is_nogroup
 from worker.queue.keys import QueueKeys
+from worker.queue.lanes import job_streams
 from worker.queue.message import JobMessage, MessageError
 from worker.queue.suspects import field_of
 
@@ -35,6 +42,8 @@ def _xreadgroup(
     count: int,
     block: int | None,
 ) -> list[Delivery]:
+    """One XREADGROUP; a NOGROUP answer makes the interactive group again (a lane's is
+    made only by a publish) and reads nothing this time."""
     try:
         reply: Any = cast(Any, redis_client).xreadgroup(
             keys.group, consumer, streams, count=count, block=block
@@ -43,9 +52,7 @@ def _xreadgroup(
         if not is_nogroup(exc):
             raise
         ensure_groups(redis_client=redis_client, keys=keys)
-        reply = cast(Any, redis_client).xreadgroup(
-            keys.group, consumer, streams, count=count, block=block
-        )
+        return []
     out: list[Delivery] = []
     for stream, entries in reply or []:
         for entry_id, fields in entries:
@@ -61,16 +68,20 @@ def read_new(
     count: int,
     block_ms: int | None = None,
     streams: list[str] | None = None,
+    block_streams: list[str] | None = None,
 ) -> list[Delivery]:
-    """Read at most ``count`` never-delivered entries, interactive before batch (of
-    ``streams`` only, when given).
+    """Read at most ``count`` never-delivered entries from ``streams`` in their order, going
+    on to the next while there is room (default: the interactive stream, then the lanes,
+    earliest deadline first).
 
     Without ``block_ms`` it never waits. With it, and nothing available at once, it waits up
-    to ``block_ms`` for the first entry of any class (then returns at most one per class).
+    to ``block_ms`` for the first entry of any of ``block_streams`` (default: ``streams``;
+    then it returns at most one per stream).
     """
     if count <= 0:
         return []
-    streams = streams if streams is not None else keys.streams
+    if streams is None:
+        streams = job_streams(redis_client=redis_client, keys=keys)
     out: list[Delivery] = []
     for stream in streams:
         want = count - len(out)
@@ -79,16 +90,18 @@ def read_new(
         out += _xreadgroup(redis_client, keys, consumer, {stream: ">"}, want, None)
     if out or not block_ms:
         return out
-    return _xreadgroup(redis_client, keys, consumer, {s: ">" for s in streams}, 1, block_ms)
+    watched = block_streams if block_streams is not None else streams
+    return _xreadgroup(redis_client, keys, consumer, {s: ">" for s in watched}, 1, block_ms)
 
 
 def own_pending(
     *, redis_client: redis.Redis, keys: QueueKeys, consumer: str, page: int = 1000
 ) -> list[tuple[str, str, int]]:
     """``(stream, entry_id, deliveries so far)`` of every entry pending for ``consumer``,
-    interactive first, oldest first. Listing does not count as a delivery."""
+    interactive first, then each lane (earliest deadline first), oldest first. Listing
+    does not count as a delivery."""
     out: list[tuple[str, str, int]] = []
-    for stream in keys.streams:
+    for stream in job_streams(redis_client=redis_client, keys=keys):
         start = "-"
         while True:
             try:
@@ -98,7 +111,8 @@ def own_pending(
             except redis.ResponseError as exc:
                 if not is_nogroup(exc):
                     raise
-                ensure_groups(redis_client=redis_client, keys=keys)
+                if stream == keys.interactive:
+                    ensure_groups(redis_client=redis_client, keys=keys)
                 break
             out += [(stream, r["message_id"], int(r["times_delivered"])) for r in rows]
             if len(rows) < page:

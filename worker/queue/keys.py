@@ -4,11 +4,14 @@ Every key that a script, a transaction or a multi-key command uses together with
 carries the same *hash tag*, so that a Redis Cluster places them in one slot (a cluster
 hashes only the text between a key's first ``{`` and the ``}`` after it):
 
-- per model, tag ``{<prefix>:<model>}``: the job streams of each class, the dead-letter
-  stream, the carried-jobs index and its ready marker, the suspects hash and the admission
-  probe. Publishing, reissuing, acking and dead-lettering touch a stream, the index and the
-  suspects in one script or transaction; a worker's XREADGROUP reads its model's streams in
-  one command. Each model's keys hash to their own slot, so models spread over the shards.
+- per model, tag ``{<prefix>:<model>}``: the interactive stream, the batch *lanes* (one
+  stream per deadline bucket, ``:jobs:batch:<bucket end>``: ``worker.queue.lanes``) with
+  their sorted set and work counters, the dead-letter stream, the carried-jobs index and
+  its ready marker, the suspects hash, the workers' measured rates and the admission
+  probe. Publishing, reissuing, acking and dead-lettering touch a stream, the lane set, the
+  index and the suspects in one script or transaction; a worker's blocking XREADGROUP
+  reads several of its model's streams in one command. Each model's keys hash to their own
+  slot, so models spread over the shards.
 - per deployment, tag ``{<prefix>}``: the cancel flags (a set and its sorted set of flag
   times, changed together by one script) and the locks (reconciler, consumer names, batch
   finalization).
@@ -29,6 +32,7 @@ from dataclasses import dataclass, replace
 from urllib.parse import quote
 
 QUEUE_CLASSES = ("interactive", "batch")  # read in this order
+LANE_INFIX = ":jobs:batch:"  # a batch lane: <model tag>:jobs:batch:<bucket end, epoch s>
 
 _MODEL_SAFE = "/:@+=,!$&'()*;<>[]^|`\"#?"  # kept as is in a key; quote() keeps A-Za-z0-9_.-~
 
@@ -114,23 +118,62 @@ class QueueKeys:
             raise ValueError("these queue keys name no model; use keys.for_model(model)")
         return "{" + f"{self.prefix}:{model_key_text(self.model)}" + "}"
 
-    def stream(self, queue_class: str) -> str:
-        """The job stream of one class (``interactive`` or ``batch``) of this model."""
-        if queue_class not in QUEUE_CLASSES:
-            raise ValueError(f"queue class {queue_class!r}: expected one of {QUEUE_CLASSES}")
-        return f"{self.model_tag}:jobs:{queue_class}"
-
     @property
-    def streams(self) -> list[str]:
-        """All job streams of this model, interactive first."""
-        return [self.stream(c) for c in QUEUE_CLASSES]
+    def interactive(self) -> str:
+        """This model's interactive stream (read before any batch lane)."""
+        return f"{self.model_tag}:jobs:interactive"
+
+    def stream(self, queue_class: str) -> str:
+        """The stream of ``interactive`` work. Batch work has no one stream: each job goes to
+        the lane of its deadline (:meth:`lane`, ``worker.queue.lanes``)."""
+        if queue_class == "interactive":
+            return self.interactive
+        if queue_class == "batch":
+            raise ValueError("batch work goes to the lane of its deadline: keys.lane(end), "
+                             "worker.queue.lanes")
+        raise ValueError(f"queue class {queue_class!r}: expected one of {QUEUE_CLASSES}")
+
+    def lane(self, end: int) -> str:
+        """The batch lane of the deadline bucket ending at ``end`` (epoch seconds)."""
+        return f"{self.model_tag}{LANE_INFIX}{int(end)}"
+
+    def lane_end(self, stream: str) -> int | None:
+        """The bucket end of one of this model's lanes (None: ``stream`` is not one)."""
+        head = f"{self.model_tag}{LANE_INFIX}"
+        tail = stream[len(head):] if stream.startswith(head) else ""
+        return int(tail) if tail.isdigit() else None
 
     def class_of(self, stream: str) -> str:
-        """The queue class of one of this model's stream keys."""
-        for queue_class, name in zip(QUEUE_CLASSES, self.streams, strict=True):
-            if name == stream:
-                return queue_class
+        """The queue class of one of this model's job streams (a lane is ``batch``)."""
+        if stream == self.interactive:
+            return "interactive"
+        if self.lane_end(stream) is not None:
+            return "batch"
         raise ValueError(f"{stream!r} is not a job stream of {self.model_tag}")
+
+    @property
+    def unlaned_batch(self) -> str:
+        """The one batch stream of this model in deployments from before the lanes, read
+        only to move what it holds into the lanes (``worker.jobs.legacy_keys``)."""
+        return f"{self.model_tag}:jobs:batch"
+
+    @property
+    def lanes(self) -> str:
+        """Sorted set of this model's batch lanes, each scored by the earliest deadline
+        published into it (``worker.queue.lanes``)."""
+        return f"{self.model_tag}:lanes"
+
+    @property
+    def lane_work(self) -> str:
+        """Hash of what was published into each lane: ``<lane>|n`` entries and ``<lane>|w``
+        their estimated work (tokens), so a lane's mean work per entry is known."""
+        return f"{self.model_tag}:lanes:work"
+
+    @property
+    def rates(self) -> str:
+        """Hash consumer -> ``"<work per engine-second> <epoch s>"``: each worker's measured
+        throughput, summed into the model's (``worker.queue.lanes.model_rate``)."""
+        return f"{self.model_tag}:rates"
 
     @property
     def dead(self) -> str:

@@ -1,6 +1,14 @@
-"""The Redis half of moving an older deployment's untagged keys (``<prefix>:jobs:<class>``,
-``<prefix>:carried``, ...: :class:`worker.queue.keys.LegacyKeys`) to the hash-tagged
-per-model keys; :mod:`worker.jobs.legacy_keys` decides where each job goes.
+"""The Redis half of moving an older deployment's keys to the current ones:
+:mod:`worker.jobs.legacy_keys` decides where each job goes. Two kinds of old streams:
+
+- the untagged keys of deployments from before the hash tags (``<prefix>:jobs:<class>``,
+  ``<prefix>:carried``, ...: :class:`worker.queue.keys.LegacyKeys`), on a single server;
+- a model's one batch stream from before the deadline lanes (``keys.unlaned_batch``,
+  ``{<prefix>:<model>}:jobs:batch``), anywhere: it shares the model's tag, so its moves run
+  on a cluster too.
+
+A batch entry goes to the lane of its job's deadline (``worker.queue.slack``), registered
+in the lane set with its work, as a publish does.
 
 The mover is a consumer of the old streams' group like any worker (consumer name
 ``legacy-mover:<its consumer>``), so the usual guarantee holds: an entry is moved only once
@@ -10,20 +18,23 @@ with it until that worker acks it. Each move is one script: ack the old entry an
 if it was still pending, add its copy to the new stream, name the copy as its job's
 carrier and delete the old entry; a retry after a lost reply neither copies it twice nor
 loses it. The copy is a fresh entry (no delivery counted; the old suspect record is
-dropped, as a hand-back does). A job the model's index names already (a reconciler that
-ran before the move published it again) is not copied a second time.
+dropped, as a hand-back does). A job the model's index names on another entry already (a
+reconciler that ran before the move published it again) is not copied a second time.
 
-Old keys name no hash tag and a script here touches old and new keys together: this runs
-on a single Redis server only, where an older deployment could run; on a cluster there is
-nothing to move."""
+The untagged keys name no hash tag and a script here touches old and new keys together:
+they are moved on a single Redis server only, where an older deployment could run; on a
+cluster only the model's unlaned batch stream is."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
 
+from worker.protocol.work_estimate import work_estimate
 from worker.queue.claim import START, autoclaim_ids
 from worker.queue.consumer import to_delivery
 from worker.queue.dead_letter import dead_maxlen
@@ -32,24 +43,43 @@ from worker.queue.entry_ids import id_key
 from worker.queue.group import is_nogroup
 from worker.queue.keys import QueueKeys
 from worker.queue.scripts import queue_script
+from worker.queue.slack import DEFAULT_WINDOW_S, lane_end
 
 PAGE = 500
 
-# KEYS: old stream, new stream (the old one: only delete), new carried index; ARGV: group,
-# old entry id, job id, the entry's field values. Acts only while the entry is pending (see
-# the module text); a job the new index names already (a reconciler published it meanwhile)
-# is not copied again. Returns 0 (not pending), 1 (copied) or 2 (deleted only).
+# KEYS: old stream, new stream (the old one: only delete), new carried index, the new
+# model's lane set and lane work hash; ARGV: group, old entry id, job id, the lane's score
+# ('' when the new stream is not a lane), the entry's estimated work, its field values.
+# Acts only while the entry is pending (see the module text); a job the new index names on
+# another entry (a reconciler published it meanwhile) is not copied again. Returns 0 (not
+# pending), 1 (copied) or 2 (deleted only).
 _MOVE = """
 if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then
   return 0
 end
 redis.call('XDEL', KEYS[1], ARGV[2])
-if KEYS[2] == KEYS[1] or (ARGV[3] ~= '' and redis.call('HEXISTS', KEYS[3], ARGV[3]) == 1) then
+local old = KEYS[1] .. '|' .. ARGV[2]
+local named = ARGV[3] ~= '' and redis.call('HGET', KEYS[3], ARGV[3])
+if KEYS[2] == KEYS[1] then
+  if named == old then
+    redis.call('HDEL', KEYS[3], ARGV[3])
+  end
   return 2
 end
-local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 4))
+if named and named ~= old then
+  return 2
+end
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('XGROUP', 'CREATE', KEYS[2], ARGV[1], '0', 'MKSTREAM')
+end
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 6))
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[3], ARGV[3], KEYS[2] .. '|' .. id)
+end
+if ARGV[4] ~= '' then
+  redis.call('ZADD', KEYS[4], 'LT', ARGV[4], KEYS[2])
+  redis.call('HINCRBY', KEYS[5], KEYS[2] .. '|n', 1)
+  redis.call('HINCRBYFLOAT', KEYS[5], KEYS[2] .. '|w', ARGV[5])
 end
 return 1
 """
@@ -70,21 +100,33 @@ def mover_name(consumer: str) -> str:
     return f"legacy-mover:{consumer}"
 
 
-def legacy_present(*, redis_client: redis.Redis, keys: QueueKeys) -> bool:
+def old_streams(keys: QueueKeys, *, cluster: bool) -> list[str]:
+    """The streams whose entries move: the untagged ones (on a single server only), then
+    ``keys.model``'s unlaned batch stream."""
+    return [*([] if cluster else keys.legacy.streams), keys.unlaned_batch]
+
+
+def old_class(keys: QueueKeys, stream: str) -> str:
+    """The queue class of the entries of one old stream."""
+    return "batch" if stream == keys.unlaned_batch else keys.legacy.class_of(stream)
+
+
+def legacy_present(*, redis_client: redis.Redis, keys: QueueKeys, cluster: bool = False) -> bool:
     """Whether any old stream (or the old dead-letter stream) still exists."""
-    old = keys.legacy
-    return bool(cast(Any, redis_client).exists(*old.streams, old.dead))
+    dead = [] if cluster else [keys.legacy.dead]
+    return bool(cast(Any, redis_client).exists(*old_streams(keys, cluster=cluster), *dead))
 
 
 def take_legacy_entries(
-    *, redis_client: redis.Redis, keys: QueueKeys, mover: str, min_idle_ms: int, count: int = PAGE
+    *, redis_client: redis.Redis, keys: QueueKeys, mover: str, min_idle_ms: int, count: int = PAGE,
+    cluster: bool = False,
 ) -> list[Delivery]:
     """Make up to ``count`` old entries the mover's (never delivered, or idle for
     ``min_idle_ms`` under their consumer) and return every old entry the mover owns, with
     its fields (an entry deleted meanwhile has none)."""
     client = cast(Any, redis_client)
     out: list[Delivery] = []
-    for stream in keys.legacy.streams:
+    for stream in old_streams(keys, cluster=cluster):
         if not client.exists(stream):
             continue
         _ensure_old_group(client, stream, keys.group)
@@ -114,36 +156,55 @@ def _ensure_old_group(client: Any, stream: str, group: str) -> None:
             raise
 
 
+@dataclass(frozen=True)
+class MoveTo:
+    """Where one old entry goes: the streams of ``model`` (None: nowhere, it is only acked
+    and deleted), a batch entry to the lane of ``deadline`` (epoch seconds)."""
+
+    model: str | None
+    deadline: float | None = None
+
+
 def move_legacy_entries(
-    *, redis_client: redis.Redis, keys: QueueKeys, moves: Sequence[tuple[Delivery, str | None]]
+    *, redis_client: redis.Redis, keys: QueueKeys, moves: Sequence[tuple[Delivery, MoveTo]],
+    now: float | None = None,
 ) -> tuple[int, int]:
-    """Move each old entry the mover owns to the streams of the model paired with it (of
-    its class), or only ack and delete it where the model is None (its job ended or is
-    gone) or the model's index names its job already. Returns how many were copied and
-    how many only deleted."""
+    """Move each old entry the mover owns to where it is paired with (a batch entry to the
+    lane of its deadline, given in the copy's fields), or only ack and delete it where the
+    model is None (its job ended or is gone) or the model's index names its job on another
+    entry already. Returns how many were copied and how many only deleted."""
     if not moves:
         return 0, 0
+    now = time.time() if now is None else now
     script = cast(Any, redis_client).register_script(_MOVE)
     pipe = redis_client.pipeline(transaction=False)
-    for d, model in moves:
-        if model is None:
-            target, carried = d.stream, keys.legacy.carried
-        else:
-            mkeys = keys.for_model(model)
-            target, carried = mkeys.stream(keys.legacy.class_of(d.stream)), mkeys.carried
-        flat = [x for kv in (d.fields or {}).items() for x in kv]
-        if model is not None and not flat:  # deleted meanwhile: nothing left to copy
-            target = d.stream
-        queue_script(pipe, script, keys=[d.stream, target, carried],
-                     args=[keys.group, d.entry_id, d.job_id or "", *flat])
+    for d, to in moves:
+        fields = dict(d.fields or {})
+        mkeys = keys  # only delete: the old index's field naming this entry goes too
+        target, work = d.stream, 0
+        score: float | str = ""
+        carried = keys.carried if d.stream == keys.unlaned_batch else keys.legacy.carried
+        if to.model is not None and fields:  # no fields: deleted meanwhile, nothing to copy
+            mkeys = keys.for_model(to.model)
+            carried = mkeys.carried
+            if old_class(keys, d.stream) == "batch":
+                deadline = to.deadline if to.deadline is not None else now + DEFAULT_WINDOW_S
+                fields["deadline"] = repr(float(deadline))
+                target = mkeys.lane(lane_end(deadline, now))
+                score, work = deadline, work_estimate(d.message.body if d.message else {})
+            else:
+                target = mkeys.interactive
+        flat = [x for kv in fields.items() for x in kv]
+        queue_script(pipe, script, keys=[d.stream, target, carried, mkeys.lanes, mkeys.lane_work],
+                     args=[keys.group, d.entry_id, d.job_id or "", score, work, *flat])
     replies = [int(n) for n in pipe.execute()]
     return replies.count(1), replies.count(2)
 
 
-def legacy_drained(*, redis_client: redis.Redis, keys: QueueKeys) -> bool:
+def legacy_drained(*, redis_client: redis.Redis, keys: QueueKeys, cluster: bool = False) -> bool:
     """True when no old stream holds an entry that is pending or not yet delivered."""
     client = cast(Any, redis_client)
-    for stream in keys.legacy.streams:
+    for stream in old_streams(keys, cluster=cluster):
         if not client.exists(stream):
             continue
         try:
@@ -179,10 +240,13 @@ def move_legacy_dead(*, redis_client: redis.Redis, keys: QueueKeys) -> int:
     return moved
 
 
-def drop_legacy(*, redis_client: redis.Redis, keys: QueueKeys) -> int:
-    """Delete the old streams, index, suspects and cancel flags (once drained: the cancels
-    are recorded in SQL, which the workers read too); returns how many keys went."""
-    old = keys.legacy
-    return int(cast(Any, redis_client).delete(
-        *old.streams, old.dead, *old.others, old.cancels, old.cancels_at
-    ))
+def drop_legacy(*, redis_client: redis.Redis, keys: QueueKeys, cluster: bool = False) -> int:
+    """Delete the old streams and (on a single server) the old index, suspects and cancel
+    flags (once drained: the cancels are recorded in SQL, which the workers read too);
+    returns how many keys went."""
+    client = cast(Any, redis_client)
+    n = int(client.delete(keys.unlaned_batch))
+    if not cluster:
+        old = keys.legacy
+        n += int(client.delete(*old.streams, old.dead, *old.others, old.cancels, old.cancels_at))
+    return n

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,10 @@ class MessageError(ValueError):
 @dataclass
 class JobMessage:
     """A job on its way to a worker. ``body`` is the stored request (``{"url", "body"}``);
-    ``attempt`` counts how often it was (re-)published; ``traceparent`` is W3C trace context."""
+    ``attempt`` counts how often it was (re-)published; ``traceparent`` is W3C trace context;
+    ``deadline`` (epoch seconds) is when batch work is due: it chooses the lane the job is
+    published to (``worker.queue.slack``; None on interactive work and on entries from
+    before the lanes)."""
 
     job_id: str
     body: dict[str, Any]
@@ -24,6 +28,7 @@ class JobMessage:
     priority: int = 0
     attempt: int = 0
     traceparent: str | None = None
+    deadline: float | None = None
 
     def encode(self) -> dict[str, str]:
         """Flat string fields for XADD."""
@@ -34,6 +39,7 @@ class JobMessage:
             "priority": str(self.priority),
             "attempt": str(self.attempt),
             "traceparent": self.traceparent or "",
+            "deadline": "" if self.deadline is None else repr(float(self.deadline)),
             "body": json.dumps(self.body, separators=(",", ":")),
         }
 
@@ -57,6 +63,7 @@ class JobMessage:
                 priority=int(fields.get("priority") or 0),
                 attempt=int(fields.get("attempt") or 0),
                 traceparent=fields.get("traceparent") or None,
+                deadline=_deadline(fields.get("deadline")),
             )
         except (KeyError, ValueError, TypeError, RecursionError) as exc:
             raise MessageError(f"bad job message: {exc!r}") from None
@@ -65,6 +72,16 @@ class JobMessage:
                 f"bad job message: the body is a JSON {_json_kind(body)}, not an object"
             )
         return message
+
+
+def _deadline(text: str | None) -> float | None:
+    """A deadline field: empty (none) or finite epoch seconds (ValueError otherwise)."""
+    if not text:
+        return None
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"deadline {text!r} is not a finite number")
+    return value
 
 
 def _json_kind(value: Any) -> str:

@@ -16,15 +16,32 @@ from worker.queue.keys import QueueKeys
 from worker.queue.scripts import queue_script
 from worker.queue.suspects import field_of
 
-# Ack the old entry and, only if it was still pending, add its copy and name the copy as
-# its job's carrier: running this again after a lost reply neither adds a second copy nor
-# loses the entry.
+
+def lane_score(keys: QueueKeys, d: Delivery) -> float | str:
+    """The lane-set score for an entry going back to ``d.stream``: its message's deadline
+    (else the lane's end); '' for a stream that is not a lane."""
+    end = keys.lane_end(d.stream)
+    if end is None:
+        return ""
+    if d.message is not None and d.message.deadline is not None:
+        return d.message.deadline
+    return float(end)
+
+# Ack the old entry and, only if it was still pending, add its copy to the same stream (a
+# lane keeps its work: the copy stays in its lane, which is listed again if its set member
+# was lost) and name the copy as its job's carrier: running this again after a lost reply
+# neither adds a second copy nor loses the entry. KEYS: the stream, the carried index, the
+# lane set; ARGV: group, entry id, job id, the lane's score ('' for the interactive
+# stream), the entry's field values.
 _REISSUE = """
 local n = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 if n == 1 then
-  local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 4))
+  local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 5))
   if ARGV[3] ~= '' then
     redis.call('HSET', KEYS[2], ARGV[3], KEYS[1] .. '|' .. id)
+  end
+  if ARGV[4] ~= '' then
+    redis.call('ZADD', KEYS[3], 'LT', ARGV[4], KEYS[1])
   end
 end
 return n
@@ -39,7 +56,7 @@ def reissue_entries(*, redis_client: redis.Redis, keys: QueueKeys, deliveries: S
     pipe = redis_client.pipeline(transaction=False)
     for d in deliveries:
         flat = [x for kv in (d.fields or {}).items() for x in kv]
-        queue_script(pipe, script, keys=[d.stream, keys.carried],
-                     args=[keys.group, d.entry_id, d.job_id or "", *flat])
+        queue_script(pipe, script, keys=[d.stream, keys.carried, keys.lanes],
+                     args=[keys.group, d.entry_id, d.job_id or "", lane_score(keys, d), *flat])
     pipe.hdel(keys.suspects, *(field_of(d.stream, d.entry_id) for d in deliveries))
     return sum(int(n) for n in pipe.execute()[: len(deliveries)])

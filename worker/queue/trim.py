@@ -1,4 +1,5 @@
-"""Trim job streams without ever deleting an entry that is pending or not yet delivered."""
+"""Trim job streams without ever deleting an entry that is pending or not yet delivered,
+and drop the batch lanes left with nothing to do (``worker.queue.lanes``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import redis
 
 from worker.queue.entry_ids import id_key
 from worker.queue.keys import QueueKeys
+from worker.queue.lanes import drop_drained_lanes, job_streams
 
 
 def _next_id(entry_id: str) -> str:
@@ -35,10 +37,14 @@ def safe_min_id(*, redis_client: redis.Redis, stream: str) -> str | None:
 
 
 def trim_streams(*, redis_client: redis.Redis, keys: QueueKeys) -> int:
-    """XTRIM MINID each job stream to its safe minimum; returns how many entries went."""
+    """XTRIM MINID each job stream to its safe minimum, then drop the lanes with nothing
+    pending or undelivered (their entries go with them); returns how many entries went."""
     removed = 0
-    for stream in keys.streams:
+    streams = job_streams(redis_client=redis_client, keys=keys)
+    for stream in streams:
         min_id = safe_min_id(redis_client=redis_client, stream=stream)
         if min_id is not None:
             removed += int(cast(Any, redis_client).xtrim(stream, minid=min_id, approximate=False))
-    return removed
+    lanes = [s for s in streams if keys.lane_end(s) is not None]
+    _, deleted = drop_drained_lanes(redis_client=redis_client, keys=keys, lanes=lanes)
+    return removed + deleted

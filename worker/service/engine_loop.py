@@ -80,6 +80,11 @@ class EngineLoop:
                 return 0
             return self._interactive_room - self.rt.inbox.num_interactive()
 
+    def work_totals(self) -> tuple[float, float]:
+        """(estimated work of the jobs whose engine output ended, engine-seconds in steps):
+        what the intake's measured rate is made of (``worker.service.dispatch``)."""
+        return self.counters.work_done, self.counters.step_seconds
+
     def add_cohort(self, held: list[HeldJob], *, alone: bool) -> None:
         """Run a cohort of suspects (redelivered after their worker died): ``alone`` with
         nothing else in the engine, else beside the normal batch."""

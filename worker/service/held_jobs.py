@@ -26,6 +26,7 @@ class HeldJob:
     grammar_error: str | None = None
     # its share of the wall time of the engine steps it computed in (loop_output.charge)
     engine_seconds: float = 0.0
+    work: int = 0  # its estimated work (worker.protocol.work_estimate), for the measured rate
 
     @property
     def service_class(self) -> str:

@@ -1,4 +1,5 @@
-"""Intake: pulls from Redis only what the engine can admit soon, interactive first.
+"""Intake: pulls from Redis only what the engine can admit soon, interactive first, then
+batch work from the lanes in least-slack order (``worker.service.dispatch``).
 
 On start it first replays this consumer's own pending entries; every ``claim_interval`` it
 takes over entries left idle by dead workers (and replays those the same way). Entries
@@ -18,11 +19,13 @@ import time
 
 from worker.jobs.dead_letter import dead_letter
 from worker.jobs.start import start
+from worker.protocol.work_estimate import work_estimate
 from worker.queue.claim import take_over_stale
 from worker.queue.consumer import own_pending, read_new, redeliver, touch
 from worker.queue.dead_letter import over_limit
 from worker.queue.delivery import Delivery
 from worker.queue.suspects import choose_cohort, open_runs, read_evidence
+from worker.service.dispatch import Dispatch
 from worker.service.grammars import WorkerGrammars
 from worker.service.held_jobs import HeldJob
 from worker.service.process_control import retry
@@ -50,6 +53,7 @@ class Intake:
         self.replayed = 0
         self.claimed = 0
         self._claim_cursors: dict[str, str] = {}  # where each stream's stale scan resumes
+        self.dispatch = Dispatch(runtime, loop.work_totals)  # the order the lanes are read in
         self._thread = threading.Thread(target=self._run, name="intake", daemon=True)
 
     def start(self) -> None:
@@ -120,7 +124,11 @@ class Intake:
                     consumer=self.rt.consumer,
                     count=want,
                     block_ms=100,
+                    streams=self.dispatch.streams(),
+                    block_streams=self.dispatch.watched(),
                 )
+                if len(got) < want:
+                    self.dispatch.read_short()
                 if got:
                     self.accept(got)
             except Exception as exc:
@@ -238,6 +246,7 @@ class Intake:
                 entry_id=d.entry_id,
                 delivery=d,
                 isolation=notes.get((d.stream, d.entry_id)),
+                work=work_estimate(d.message.body) if d.message is not None else 0,
             )
             if d.job_id and self.rt.registry.add(h):
                 taken.append(h)

@@ -42,6 +42,9 @@ class LoopCounters:
     computed_prompt_tokens: int = 0
     isolated_runs: int = 0  # suspect cohorts run beside the batch, groups run alone
     step_seconds: float = 0.0  # wall time of the steps, what charge() splits
+    # the measured rate's input (worker.service.dispatch), with step_seconds: the estimated
+    # work of the jobs whose engine output ended
+    work_done: float = 0.0
     last_stats: StepStats | None = None
 
     def note_step(self, outputs: list[RequestOutput], stats: StepStats) -> None:
@@ -96,6 +99,7 @@ class LoopResults:
     def finished(self, out: RequestOutput, held: HeldJob, *, cancelled: bool) -> None:
         """The engine's output for the job ended (any status)."""
         self.counters.finished += 1
+        self.counters.work_done += held.work
         status = finished_status(out, cancelled=cancelled)
         result = job_result(out, held, status=status, tokenizer=self.tokenizer)
         self._put(held, result, out)

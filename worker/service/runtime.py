@@ -59,6 +59,11 @@ class LoopDesk(Protocol):
         """How many interactive jobs to read now, even when ``want()`` is 0."""
         ...
 
+    def work_totals(self) -> tuple[float, float]:
+        """Running totals for the measured rate: the estimated work of the jobs whose
+        engine output ended, and the engine's seconds in steps."""
+        ...
+
     def add_cohort(self, held: list[HeldJob], *, alone: bool) -> None:
         """Run a cohort of suspects, ``alone`` or beside the batch."""
         ...

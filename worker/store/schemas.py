@@ -11,7 +11,9 @@ from typing import Any
 class NewJob:
     """A job to insert. ``id`` is filled by ``new_job_id()`` when left empty. ``model``: the
     model id it runs on; None takes the model of the queue keys it is enqueued with
-    (``worker.jobs.enqueue``: a worker's, a test's or a single-model tool's keys)."""
+    (``worker.jobs.enqueue``: a worker's, a test's or a single-model tool's keys).
+    ``deadline``: when batch work is due (None: ``worker.jobs.enqueue`` gives it the
+    default; interactive work has none)."""
 
     request: dict[str, Any]
     tenant: str = "default"
@@ -22,6 +24,7 @@ class NewJob:
     batch_id: str | None = None
     id: str = ""
     max_tokens: int | None = None  # output tokens the request allows, all samples (or None)
+    deadline: datetime | None = None
 
 
 @dataclass

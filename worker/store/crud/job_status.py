@@ -73,6 +73,7 @@ def create_jobs(
                 "queued_at": now,
                 "attempts": 0,
                 "max_tokens": job.max_tokens,
+                "deadline": job.deadline,
             }
         )
     if skip_existing:

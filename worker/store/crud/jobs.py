@@ -87,15 +87,24 @@ def statuses(*, session: Session, job_ids: Iterable[str]) -> dict[str, str]:
     return {job_id: status for job_id, status in rows}
 
 
-def statuses_and_models(
-    *, session: Session, job_ids: Iterable[str]
-) -> dict[str, tuple[str, str | None]]:
-    """(status, model) of each of these jobs (missing ids are absent from the answer)."""
+@dataclass(frozen=True)
+class JobRoute:
+    """Where a job's stream entry belongs: its status, model and deadline."""
+
+    status: str
+    model: str | None
+    deadline: datetime | None
+
+
+def job_routes(*, session: Session, job_ids: Iterable[str]) -> dict[str, JobRoute]:
+    """The route of each of these jobs (missing ids are absent from the answer)."""
     ids = list(job_ids)
     if not ids:
         return {}
-    rows = session.execute(select(Job.id, Job.status, Job.model).where(Job.id.in_(ids)))
-    return {job_id: (status, model) for job_id, status, model in rows}
+    rows = session.execute(
+        select(Job.id, Job.status, Job.model, Job.deadline).where(Job.id.in_(ids))
+    )
+    return {job_id: JobRoute(status, model, deadline) for job_id, status, model, deadline in rows}
 
 
 def cancel_requested_among(*, session: Session, job_ids: Sequence[str]) -> set[str]:

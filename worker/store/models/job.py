@@ -38,6 +38,11 @@ class Job(Base):
     # model could be given to
     model: Mapped[str | None] = mapped_column(String(255))
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED.value)
+    # when batch work is due (migration 0016): its batch's created_at + completion_window, a
+    # POST /v1/jobs ``deadline``, else queued_at + 24 h; it picks the job's lane
+    # (worker.queue.slack). None on interactive jobs and on rows from before 0016 that no
+    # batch gave one
+    deadline: Mapped[datetime | None] = mapped_column(UTCDateTime)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     request: Mapped[dict[str, Any]] = mapped_column(JSON)
     # result
