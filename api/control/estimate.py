@@ -17,9 +17,11 @@ expected output tokens, and the steps they take at the concurrency the workers r
 The completion time: now plus the engine-seconds of the open work ahead of it and its own,
 divided by what the live workers give to non-interactive work (one engine-second per
 second each, less the share interactive rows took of their recent steps). Workers read
-batch work from the streams in arrival order, so the work ahead of a new batch is every
-open batch's remaining estimate and every open job submitted alone in the batch class;
-ahead of an interactive job only the open interactive jobs (interactive work goes first).
+batch work by its deadline (least slack first, ``worker.queue.slack``), so the work ahead
+of a new batch is the remaining estimate of every open batch due no later than it and every
+open job submitted alone in the batch class due by then (counted by deadline: the work a
+worker reads first, the slack refinements aside); ahead of an interactive job only the
+open interactive jobs (interactive work goes first).
 With no live worker that has run anything, there is no throughput to go by: the estimate
 has no engine-seconds and no completion time, and nothing is refused.
 
@@ -46,6 +48,7 @@ from api.control.submit import allowed_output_tokens
 from api.errors import ApiError
 from api.views import epoch
 from worker.protocol.openai_batch import GenerationRequest, RequestParseError, parse_request_line
+from worker.queue.slack import DEFAULT_WINDOW_S
 from worker.store.base import utcnow
 from worker.store.crud.throughput import (
     OpenBatch,
@@ -197,17 +200,21 @@ def window_delta(window: str) -> timedelta:
 
 
 def price(ctx: Context, tenant: str, work: Work, *, model: str, window: str | None,
-          interactive: bool = False) -> Quote:
+          interactive: bool = False, due_at: datetime | None = None) -> Quote:
     """``work`` on ``model`` at the measured throughput of the live workers serving it,
-    behind the open work of that model ahead of it (see the module docstring), as of
-    now."""
+    behind the open work of that model due no later than it (``due_at``, else now plus
+    ``window``, else a day from now: a batch job's default deadline; see the module
+    docstring), as of now."""
     now = utcnow()
+    due = due_at or now + (window_delta(window) if window else timedelta(seconds=DEFAULT_WINDOW_S))
     with ctx.reads() as session:
         costs = step_costs(session=session, model=model,
                            worker_timeout=timedelta(seconds=ctx.settings.worker_timeout))
         history = tenant_history(session=session, tenant=tenant)
-        batches = [] if interactive else open_batches(session=session, model=model)
-        singles = open_single_jobs(session=session, model=model)
+        batches = [] if interactive else [
+            b for b in open_batches(session=session, model=model)
+            if b.due_at is None or b.due_at <= due]
+        singles = open_single_jobs(session=session, model=model, due_by=due)
     ratio = 1.0 if history.output_ratio is None else history.output_ratio
     quote = Quote(work=work, created_at=now, output_expected=round(work.output_bound * ratio),
                   costs=costs, history=history, window=window)
@@ -300,8 +307,8 @@ def refresh_estimates(ctx: Context) -> int:
 
 def completion_times(batches: Iterable[OpenBatch], costs: StepCosts | None, now: datetime,
                      singles_seconds: float) -> dict[str, datetime | None]:
-    """Each open batch's completion time, in arrival order (None without throughput, or
-    for a batch with no estimate)."""
+    """Each open batch's completion time, taken in the order given (soonest due first, as
+    workers read them; None without throughput, or for a batch with no estimate)."""
     out: dict[str, datetime | None] = {}
     ahead = singles_seconds
     for b in batches:

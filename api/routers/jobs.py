@@ -68,7 +68,7 @@ def create_job(
     if payload.dry_run:
         checked = new_job(ctx, sub)
         quote = price(ctx, tenant, request_work(ctx, [checked.request]),
-                      model=str(checked.job.model), window=None,
+                      model=str(checked.job.model), window=None, due_at=checked.job.deadline,
                       interactive=payload.queue_class == "interactive")
         return JSONResponse({"object": "job.quote", "queue_class": payload.queue_class,
                              **quote.view()}, status_code=200)

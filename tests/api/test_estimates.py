@@ -198,6 +198,9 @@ def test_an_unmeetable_window_is_refused_with_the_earliest_that_can_be_met(est) 
     assert math.isclose(q["queue_ahead_engine_seconds"], 100 * (40 * PREFILL_S + 20 * 3.0),
                         rel_tol=1e-6)
     assert q["meets_window"] is False and q["earliest_completion_window"] == "3h"
+    # one due sooner is read before it (workers read by deadline): nothing queued ahead
+    soon = _batch(env, h, _upload(env, h, _lines(1)), dry_run=True, completion_window="1h").json()
+    assert soon["queue_ahead_engine_seconds"] == 0 and soon["meets_window"] is True
     # an operator who prefers best effort admits it all the same
     lenient = est(deadline_admission=False)
     h2 = lenient.auth("t-window-2")

@@ -157,11 +157,11 @@ def tenant_history(*, session: Session, tenant: str, jobs: int = 1000) -> Tenant
 
 @dataclass(frozen=True)
 class OpenBatch:
-    """An open batch's estimate, how many of its requests have ended, and when it was
-    created (the read order of the streams: arrival)."""
+    """An open batch's estimate, how many of its requests have ended, and when it is due
+    (``expires_at``: workers read batch work by its deadline, ``worker.queue.slack``)."""
 
     id: str
-    created_at: datetime
+    due_at: datetime | None
     estimated_engine_seconds: float | None
     requests: int
     ended: int
@@ -175,14 +175,14 @@ class OpenBatch:
 
 
 def open_batches(*, session: Session, model: str | None, limit: int = 10_000) -> list[OpenBatch]:
-    """Every batch of ``model`` (None: of any) that has not ended, oldest first, with its
-    progress."""
+    """Every batch of ``model`` (None: of any) that has not ended, soonest due first, with
+    its progress."""
     batches = session.execute(
-        select(Batch.id, Batch.created_at, Batch.estimated_engine_seconds, Batch.estimate,
+        select(Batch.id, Batch.expires_at, Batch.estimated_engine_seconds, Batch.estimate,
                Batch.request_total)
         .where(Batch.status.in_(OPEN_BATCH_STATUSES),
                *(() if model is None else (Batch.model == model,)))
-        .order_by(Batch.created_at, Batch.id)
+        .order_by(Batch.expires_at, Batch.id)
         .limit(limit)
     ).all()
     if not batches:
@@ -191,7 +191,7 @@ def open_batches(*, session: Session, model: str | None, limit: int = 10_000) ->
     ended = dict(session.execute(
         select(Job.batch_id, func.count()).where(Job.batch_id.in_(ids), Job.status.in_(TERMINAL))
         .group_by(Job.batch_id)).tuples().all())
-    return [OpenBatch(b.id, b.created_at, b.estimated_engine_seconds,
+    return [OpenBatch(b.id, b.expires_at, b.estimated_engine_seconds,
                       int((b.estimate or {}).get("requests") or b.request_total or 0),
                       int(ended.get(b.id, 0)))
             for b in batches]
@@ -212,13 +212,16 @@ class OpenJobs:
         return n * (self.mean_engine_seconds or 0.0)
 
 
-def open_single_jobs(*, session: Session, model: str | None, history: int = 500) -> OpenJobs:
-    """The open jobs of ``model`` (None: of any) submitted alone and their recent mean
-    cost."""
+def open_single_jobs(*, session: Session, model: str | None, due_by: datetime | None = None,
+                     history: int = 500) -> OpenJobs:
+    """The open jobs of ``model`` (None: of any) submitted alone (the batch-class ones due
+    by ``due_by``, when given: those a worker reads first) and their recent mean cost."""
     of_model = () if model is None else (Job.model == model,)
+    due = () if due_by is None else (
+        (Job.queue_class != "batch") | Job.deadline.is_(None) | (Job.deadline <= due_by),)
     counts = dict(session.execute(
         select(Job.queue_class, func.count())
-        .where(Job.batch_id.is_(None), Job.status.in_(OPEN), *of_model)
+        .where(Job.batch_id.is_(None), Job.status.in_(OPEN), *of_model, *due)
         .group_by(Job.queue_class)).tuples().all())
     recent = (
         select(Job.engine_seconds)
