@@ -264,7 +264,11 @@ def _final_sql(database_url: str, config: SoakConfig) -> dict[str, Any]:
         def one(sql: str, *args: Any) -> int:
             return int(conn.execute(sql, args).fetchone()[0])  # type: ignore[index]
 
+        # with autovacuum off the space of deleted rows is never reused: the tables' bytes
+        # then grow with the traffic while their rows stay bounded
+        autovacuum = conn.execute("SHOW autovacuum").fetchone()[0]  # type: ignore[index]
         return {
+            "postgres_autovacuum": autovacuum,
             "jobs_past_retention": one(
                 "SELECT count(*) FROM jobs WHERE finished_at < now() - make_interval(secs => %s)",
                 config.job_retention_s + margin),
