@@ -98,7 +98,7 @@ def add_engine_flags(parser: argparse.ArgumentParser, *, default_model: str = "s
     g.add_argument("--interactive-batch-rows", type=int, metavar="N",
                    help="while interactive jobs run or wait, at most N rows of batch work "
                         "per step, the batch sequences taking turns, so steps stay short "
-                        "(default: 0, no cap)")
+                        "(default: 64; 0: no cap)")
     g.add_argument("--seed", type=int, help="seed of requests that do not set their own")
     g.add_argument("--num-threads", type=int, metavar="N", help="torch threads on CPU")
 
