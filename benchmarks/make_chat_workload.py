@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -84,11 +86,13 @@ def describe(requests: list[BenchRequest]) -> str:
             f"median {int(np.median(outs))}, mean {np.mean(outs):.1f}, sum {sum(outs)}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Write (or with --check, verify) the chat workload file and print its statistics."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_PATH)
-    parser.add_argument("--seed", type=int, default=SEED)
+def generator_main(argv: list[str] | None, *, description: str, default_path: Path, seed: int,
+                   build: Callable[[Any, int], list[BenchRequest]]) -> int:
+    """The command line of a chat-template workload generator: write (or with --check,
+    verify) ``build(tokenizer, seed)``'s requests and print their statistics."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, default=default_path)
+    parser.add_argument("--seed", type=int, default=seed)
     parser.add_argument("--check", action="store_true",
                         help="verify that --out equals a fresh generation; write nothing")
     args = parser.parse_args(argv)
@@ -97,12 +101,18 @@ def main(argv: list[str] | None = None) -> int:
     from worker.engine.models.loader import resolve_checkpoint_dir
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_checkpoint_dir(MODEL)))
-    requests = make_chat_workload(tokenizer, args.seed)
+    requests = build(tokenizer, args.seed)
     if not write_or_check(args.out, requests, check=args.check,
-                          source=f"make_chat_workload(seed={args.seed})"):
+                          source=f"{build.__name__}(seed={args.seed})"):
         return 1
     print(f"{args.out}: {describe(requests)}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write (or with --check, verify) the chat workload file and print its statistics."""
+    return generator_main(argv, description=__doc__.splitlines()[0], default_path=DEFAULT_PATH,
+                          seed=SEED, build=make_chat_workload)
 
 
 if __name__ == "__main__":

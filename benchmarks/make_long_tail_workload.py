@@ -15,7 +15,6 @@ the run starts with 64 sequences and ends with one, the longest, decoding alone.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -23,8 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository
 
-from benchmarks.make_chat_workload import MODEL, chat_requests, describe, read_turns
-from cli.bench.workload import BenchRequest, write_or_check
+from benchmarks.make_chat_workload import chat_requests, generator_main, read_turns
+from cli.bench.workload import BenchRequest
 
 SEED = 28
 SHORTEST, LONGEST = 8, 512
@@ -49,23 +48,8 @@ def make_long_tail_workload(tokenizer, seed: int = SEED) -> list[BenchRequest]:
 
 def main(argv: list[str] | None = None) -> int:
     """Write (or with --check, verify) the long-tail workload file and print its statistics."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_PATH)
-    parser.add_argument("--seed", type=int, default=SEED)
-    parser.add_argument("--check", action="store_true",
-                        help="verify that --out equals a fresh generation; write nothing")
-    args = parser.parse_args(argv)
-    from transformers import AutoTokenizer
-
-    from worker.engine.models.loader import resolve_checkpoint_dir
-
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve_checkpoint_dir(MODEL)))
-    requests = make_long_tail_workload(tokenizer, args.seed)
-    if not write_or_check(args.out, requests, check=args.check,
-                          source=f"make_long_tail_workload(seed={args.seed})"):
-        return 1
-    print(f"{args.out}: {describe(requests)}")
-    return 0
+    return generator_main(argv, description=__doc__.splitlines()[0], default_path=DEFAULT_PATH,
+                          seed=SEED, build=make_long_tail_workload)
 
 
 if __name__ == "__main__":

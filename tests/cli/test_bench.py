@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -162,27 +163,9 @@ def test_report_helpers() -> None:
     assert info == {"model": "Some CPU", "vector_extensions": ["avx2", "fma", "avx512f"]}
 
 
-def test_committed_chat_workload_matches_its_generator() -> None:
-    from transformers import AutoTokenizer
-
-    from worker.engine.models.loader import resolve_checkpoint_dir
-
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import make_chat_workload
-    finally:
-        sys.path.pop(0)
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve_checkpoint_dir("smollm2-135m")))
-    requests = read_workload(REPO / "benchmarks" / "chat_workload.jsonl")
-    assert requests == make_chat_workload.make_chat_workload(tokenizer)
-    turns = make_chat_workload.read_turns()
-    assert len(requests) == len(turns) == len(set(turns)) >= 250  # a few hundred, all different
-    assert all(8 <= r.max_tokens <= 512 for r in requests)
-    system = tokenizer.decode(requests[0].prompt_token_ids)
-    assert make_chat_workload.SYSTEM_PROMPT in system and turns[0] in system
-
-
-def test_committed_long_tail_workload_matches_its_generator() -> None:
+def _generators_and_tokenizer() -> tuple[Any, Any, Any]:
+    """The two chat-template workload generators (imported as files, as they run) and
+    SmolLM2's tokenizer."""
     from transformers import AutoTokenizer
 
     from worker.engine.models.loader import resolve_checkpoint_dir
@@ -194,6 +177,22 @@ def test_committed_long_tail_workload_matches_its_generator() -> None:
     finally:
         sys.path.pop(0)
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_checkpoint_dir("smollm2-135m")))
+    return make_chat_workload, make_long_tail_workload, tokenizer
+
+
+def test_committed_chat_workload_matches_its_generator() -> None:
+    make_chat_workload, _, tokenizer = _generators_and_tokenizer()
+    requests = read_workload(REPO / "benchmarks" / "chat_workload.jsonl")
+    assert requests == make_chat_workload.make_chat_workload(tokenizer)
+    turns = make_chat_workload.read_turns()
+    assert len(requests) == len(turns) == len(set(turns)) >= 250  # a few hundred, all different
+    assert all(8 <= r.max_tokens <= 512 for r in requests)
+    system = tokenizer.decode(requests[0].prompt_token_ids)
+    assert make_chat_workload.SYSTEM_PROMPT in system and turns[0] in system
+
+
+def test_committed_long_tail_workload_matches_its_generator() -> None:
+    make_chat_workload, make_long_tail_workload, tokenizer = _generators_and_tokenizer()
     requests = read_workload(REPO / "benchmarks" / "long_tail_workload.jsonl")
     assert requests == make_long_tail_workload.make_long_tail_workload(tokenizer)
     turns = make_chat_workload.read_turns(make_long_tail_workload.TURNS_PATH)
