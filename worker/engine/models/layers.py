@@ -91,24 +91,20 @@ class Attention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [num_tokens, Hkv, D]
         backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         nd = meta.num_decode_seqs  # decode sequences own the first nd tokens, one each
-        if nd == num_tokens:  # a decode-only step: the kernel's output is the whole output
-            out = backend.decode_attention(
-                q, k_cache, v_cache, meta.block_tables, meta.context_lens,
-                self.scale, window=self.window, softcap=self.softcap,
-            )  # [num_tokens, num_heads, head_dim]
-            return self.o_proj(out.reshape(num_tokens, self.q_size))
+        decoded = None if not nd else backend.decode_attention(
+            q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.context_lens[:nd],
+            self.scale, window=self.window, softcap=self.softcap,
+        )  # [nd, num_heads, head_dim]
+        if decoded is not None and nd == num_tokens:  # decode only: its output is all of it
+            return self.o_proj(decoded.reshape(num_tokens, self.q_size))
         out = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
-        if nd:
-            out[:nd] = backend.decode_attention(
-                q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.context_lens[:nd],
-                self.scale, window=self.window, softcap=self.softcap,
-            )
-        if nd < meta.num_seqs:
-            cu_q = meta.cu_seqlens_q[nd:] - nd  # [num_prefill_seqs + 1], rebased to 0
-            out[nd:] = backend.prefill_attention(
-                q[nd:], k_cache, v_cache, meta.block_tables[nd:], cu_q,
-                meta.context_lens[nd:], self.scale, window=self.window, softcap=self.softcap,
-            )
+        if decoded is not None:
+            out[:nd] = decoded
+        cu_q = meta.cu_seqlens_q[nd:] - nd  # [num_prefill_seqs + 1], rebased to 0
+        out[nd:] = backend.prefill_attention(
+            q[nd:], k_cache, v_cache, meta.block_tables[nd:], cu_q,
+            meta.context_lens[nd:], self.scale, window=self.window, softcap=self.softcap,
+        )
         return self.o_proj(out.view(num_tokens, self.q_size))
 
     def _norm_qk_(self, qkv: torch.Tensor, ops: LayerOps) -> None:
