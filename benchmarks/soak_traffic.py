@@ -313,7 +313,7 @@ class Traffic:
                 continue
             r = self._call(b.tenant, "GET", f"/v1/files/{fid}/content")
             seen += [int(json.loads(x)["response"]["request_id"][-12:], 16)
-                     for x in r.text.splitlines() if x.strip()]
+                     for x in r.text.split("\n") if x.strip()]  # JSONL: \n only
         want = [i for i, x in enumerate(b.lines, start=1) if x.strip()]
         if sorted(seen) != want:
             self.errors.append(f"batch {b.batch_id} ({batch['status']}): lines {sorted(seen)} "

@@ -7,7 +7,6 @@ at once answers 200 twice; the store's own error text never reaches the tenant."
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import threading
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.api.conftest import ApiEnv, jsonl, tiny_worker, wait_expanded
+from tests.jsonl import read_jsonl
 from tests.service.helpers import wait_for
 
 pytestmark = pytest.mark.services
@@ -153,9 +153,9 @@ def test_a_batch_line_with_1e400_is_that_lines_error(env: ApiEnv, worker) -> Non
     assert done["status"] == "completed", done
     assert done["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
     outputs = env.client.get(f"/v1/files/{done['output_file_id']}/content", headers=h).text
-    assert [json.loads(x)["custom_id"] for x in outputs.splitlines()] == ["good-1", "good-2"]
+    assert [row["custom_id"] for row in read_jsonl(outputs)] == ["good-1", "good-2"]
     errors = env.client.get(f"/v1/files/{done['error_file_id']}/content", headers=h).text
-    (error,) = [json.loads(x) for x in errors.splitlines()]
+    (error,) = read_jsonl(errors)
     assert error["custom_id"] == "bad"
     assert error["response"]["body"]["error"]["param"] == "response_format"
     assert "finite" in error["response"]["body"]["error"]["message"]

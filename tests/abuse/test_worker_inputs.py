@@ -7,7 +7,6 @@ fails."""
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 
 from tests.abuse.cases import CASES, MAX_PROMPT_TOKENS, MAX_TOKENS_LIMIT
 from tests.api.conftest import REDIS_URL, ApiEnv, jsonl, wait_expanded
+from tests.jsonl import read_jsonl
 from tests.service.helpers import only_lane, wait_for
 from worker.protocol.openai_batch import RequestParseError, parse_request_body
 
@@ -189,8 +189,8 @@ def test_bad_inputs_beside_good_jobs(make_env, caplog: pytest.LogCaptureFixture)
     assert done["status"] == "completed", done
     assert done["request_counts"] == {"total": len(good_lines) + n_bad,
                                       "completed": len(good_lines), "failed": n_bad}
-    errors = [json.loads(x) for x in c.get(f"/v1/files/{done['error_file_id']}/content",
-                                           headers=h).text.splitlines()]
+    errors = read_jsonl(c.get(f"/v1/files/{done['error_file_id']}/content",
+                                           headers=h).text)
     by_id = {e["custom_id"]: e for e in errors}
     for case in bad_cases:
         e = by_id[case.name]
@@ -199,6 +199,6 @@ def test_bad_inputs_beside_good_jobs(make_env, caplog: pytest.LogCaptureFixture)
     raw_errors = errors[len(bad_cases):]
     assert [(e["response"]["body"]["error"]["param"], e["error"]["code"]) for e in raw_errors] \
         == [(param, code) for _, param, code in RAW_LINES]
-    outputs = [json.loads(x) for x in c.get(f"/v1/files/{done['output_file_id']}/content",
-                                            headers=h).text.splitlines()]
+    outputs = read_jsonl(c.get(f"/v1/files/{done['output_file_id']}/content",
+                                            headers=h).text)
     assert [o["response"]["body"]["choices"][0]["text"] for o in outputs] == reference

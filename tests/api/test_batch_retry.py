@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.api.conftest import REDIS_URL, ApiEnv, batch_lines, jsonl, wait_expanded
+from tests.jsonl import read_jsonl
 from worker.store.schemas import JobResult
 
 pytestmark = pytest.mark.services
@@ -61,7 +62,7 @@ def _content(env: ApiEnv, h: dict[str, str], file_id: str | None) -> bytes:
 
 
 def _lines(env: ApiEnv, h: dict[str, str], file_id: str | None) -> list[dict]:
-    return [json.loads(x) for x in _content(env, h, file_id).splitlines()]
+    return read_jsonl(_content(env, h, file_id))
 
 
 def _retry(env: ApiEnv, h: dict[str, str], batch_id: str, body: dict | None = None):

@@ -3,12 +3,12 @@ with invalid lines, request counts, finalization in input order, cancel, expiry,
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 
 import pytest
 
 from tests.api.conftest import ApiEnv, batch_lines, jsonl, wait_expanded
+from tests.jsonl import read_jsonl
 from tests.service.helpers import batch_length
 from worker.store.schemas import JobResult
 
@@ -69,7 +69,7 @@ def _lines(env: ApiEnv, h: dict[str, str], file_id: str | None) -> list[dict]:
     assert file_id
     r = env.client.get(f"/v1/files/{file_id}/content", headers=h)
     assert r.status_code == 200
-    return [json.loads(x) for x in r.text.splitlines()]
+    return read_jsonl(r.text)
 
 
 def test_file_upload_and_content(env: ApiEnv) -> None:

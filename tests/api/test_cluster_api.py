@@ -18,6 +18,7 @@ from tests.api.conftest import (
     tiny_worker,
     wait_expanded,
 )
+from tests.jsonl import read_jsonl
 
 pytestmark = pytest.mark.services
 
@@ -64,7 +65,7 @@ def test_openai_routes_and_a_batch_through_a_cluster(cluster_env: ApiEnv) -> Non
         assert time.monotonic() < deadline, done
         time.sleep(0.3)
     out = env.client.get(f"/v1/files/{done['output_file_id']}/content", headers=h).text
-    assert sorted(json.loads(x)["custom_id"] for x in out.splitlines()) == [
+    assert sorted(row["custom_id"] for row in read_jsonl(out)) == [
         f"r-{i}" for i in range(4)]
 
     models = env.client.get("/v1/models", headers=h).json()["data"]

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.api.conftest import ApiEnv, batch_lines, jsonl
+from tests.jsonl import read_jsonl
 
 pytestmark = pytest.mark.services
 
@@ -75,7 +76,7 @@ def _file_lines(env: ApiEnv, file_id: str | None) -> list[dict[str, Any]]:
         return []
     r = env.client.get(f"/v1/files/{file_id}/content", headers=env.auth(TENANT))
     assert r.status_code == 200, r.text
-    return [json.loads(x) for x in r.text.splitlines() if x.strip()]
+    return read_jsonl(r.text)
 
 
 def _assert_each_line_once(env: ApiEnv, batch_id: str, lines: list[Any], code: str) -> None:

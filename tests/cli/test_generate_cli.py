@@ -14,6 +14,7 @@ from cli.generate_cmd import LinePlanner
 from cli.generate_loop import Progress, WorkItem, run_requests
 from cli.jsonl_io import ResultsFile, count_input_lines, iter_input_lines, prepare_output
 from cli.main import main
+from tests.jsonl import read_jsonl
 from worker.protocol.openai_batch import parse_request_line
 from worker.protocol.sampling_params import InvalidRequestError
 
@@ -27,7 +28,7 @@ def write_lines(path: Path, lines: list[object]) -> Path:
 
 
 def read_output(path: Path) -> dict[str, dict]:
-    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    rows = read_jsonl(path.read_text())
     by_id = {row["custom_id"]: row for row in rows}
     assert len(by_id) == len(rows), "a custom_id was written twice"
     return by_id
@@ -137,7 +138,7 @@ def test_run_requests_writes_in_finish_order_and_refuses_alone(tmp_path):
     progress = Progress(len(items), enabled=False)
     with ResultsFile(str(out)) as writer:
         run_requests(lambda: engine, items, writer, progress, window=2)
-    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    rows = read_jsonl(out.read_text())
     # id1 finishes first; id2 is refused when it is fed; id3 overtakes id0.
     assert [r["custom_id"] for r in rows] == ["id1", "id2", "id3", "id0", "id4"]
     assert engine.most_live == 2
@@ -189,7 +190,7 @@ def test_run_requests_does_not_load_an_engine_for_refused_lines_only(tmp_path):
 
     with ResultsFile(str(out)) as writer:
         run_requests(no_engine, [bad], writer, progress, window=4)
-    (row,) = [json.loads(x) for x in out.read_text().splitlines()]
+    (row,) = read_jsonl(out.read_text())
     assert row["custom_id"] == "line-1" and row["error"]["code"] == "invalid_json"
 
 

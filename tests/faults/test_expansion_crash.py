@@ -18,6 +18,7 @@ import pytest
 from api.control.batch_ids import line_of_job
 from tests.api.conftest import REDIS_URL, batch_lines
 from tests.faults.processes import ApiProcess, CeleryWorker
+from tests.jsonl import read_jsonl
 from tests.service.helpers import batch_entries
 from worker.store.schemas import JobResult
 
@@ -137,7 +138,7 @@ def _assert_every_line_once(env, batch_id: str, get) -> None:
     assert done["request_counts"] == {"total": N_LINES, "completed": N_LINES - bad, "failed": bad}
 
     def lines(file_id: str) -> list[dict]:
-        return [json.loads(x) for x in get(f"/v1/files/{file_id}/content").text.splitlines()]
+        return read_jsonl(get(f"/v1/files/{file_id}/content").text)
 
     out, err = lines(done["output_file_id"]), lines(done["error_file_id"])
     seen = Counter(line_of_job(x["response"]["request_id"]) for x in out + err)

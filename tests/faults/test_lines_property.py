@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 
 from tests.api.conftest import ApiEnv, jsonl, tiny_worker
 from tests.faults.line_strategies import batch_input, body, job_fields
+from tests.jsonl import read_jsonl
 
 pytestmark = pytest.mark.services
 
@@ -199,7 +200,7 @@ def _lines_of(env: ApiEnv, h: dict[str, str], file_id: str | None) -> list[dict[
         return []
     r = env.client.get(f"/v1/files/{file_id}/content", headers=h)
     assert r.status_code == 200, r.text
-    return [json.loads(x) for x in r.text.splitlines() if x.strip()]
+    return read_jsonl(r.text)
 
 
 def _own_custom_id(raw: str) -> str | None:

@@ -16,6 +16,7 @@ import pytest
 import redis
 
 import tests.service.test_worker_failures as wf
+from tests.jsonl import read_jsonl
 from tests.service.helpers import prompt_jobs, start_worker, wait_for
 from worker.jobs.cancel import request_cancel
 from worker.jobs.enqueue import NotPublished, enqueue
@@ -124,7 +125,6 @@ def test_redis_restarted_while_a_batch_expands(migrated_pg, tmp_path) -> None:
     Redis is shut down without saving and started empty again; a worker runs what comes.
     Chunks committed while Redis is down are published by the reconciler; the batch
     completes with every line exactly once in its output file."""
-    import json
 
     from fastapi.testclient import TestClient
 
@@ -172,7 +172,7 @@ def test_redis_restarted_while_a_batch_expands(migrated_pg, tmp_path) -> None:
             assert view["request_counts"] == {"total": N_LINES, "completed": N_LINES,
                                               "failed": 0}, view
             out = client.get(f"/v1/files/{view['output_file_id']}/content", headers=h)
-            ids = [json.loads(line)["custom_id"] for line in out.text.splitlines()]
+            ids = [row["custom_id"] for row in read_jsonl(out.text)]
         assert sorted(ids) == sorted(f"r-{i}" for i in range(N_LINES))  # each line once
     finally:
         code = wf._stop(worker)
