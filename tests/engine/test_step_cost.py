@@ -60,7 +60,9 @@ def test_each_request_is_charged_its_computed_rows_and_cached_ones_cost_nothing(
         computed = len(out.prompt_token_ids) - out.metrics.num_cached_tokens
         assert rows[rid] == computed + len(out.token_ids) - 1  # the last token is never fed
     assert rows["samples"] == 4 + 3 * (5 - 1)  # the prompt once, then each sample's decodes
-    assert charged["second"] < charged["first"]
+    # the cached prefix is never computed again: fewer rows, so a smaller share of every step
+    # it ran in (its seconds are not compared: a step's time is a measurement, not a bound)
+    assert rows["second"] < rows["first"]
 
 
 def test_fair_by_engine_seconds_serves_the_tenant_whose_tokens_cost_less() -> None:

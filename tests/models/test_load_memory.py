@@ -75,15 +75,21 @@ def sharded_checkpoint(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("packing", ["prepack", "plain"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_peak_memory_is_the_model_plus_one_shard(sharded_checkpoint: Path, dtype: str, packing: str) -> None:
+    from worker.engine.models.cpu_linear import packer_for
+
+    if packing == "prepack" and packer_for(getattr(torch, dtype)) is None:
+        pytest.skip(f"no packed CPU linears for {dtype} here (the runner refuses prepack_weights "
+                    "for it with a clear error: no oneDNN bf16 on a CPU without avx512_bf16/AMX)")
     shards = sorted(sharded_checkpoint.glob("model-*.safetensors"))
     assert len(shards) >= 3 and (sharded_checkpoint / "model.safetensors.index.json").is_file()
     largest = max(s.stat().st_size for s in shards)
     total = sum(s.stat().st_size for s in shards)
     result = subprocess.run(
         [sys.executable, "-c", PROBE, str(sharded_checkpoint), dtype, packing],
-        capture_output=True, text=True, timeout=600, check=True,
+        capture_output=True, text=True, timeout=600, check=False,
         env={"INFLIGHT_ALLOCATOR": "system", "PATH": "/usr/bin:/bin"},
     )
+    assert result.returncode == 0, result.stderr[-3000:]  # the probe's own error, not only its exit code
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     growth = figures["peak"] - figures["before"]
     bound = figures["model_bytes"] + largest + SLACK
