@@ -60,9 +60,8 @@ def test_each_request_is_charged_its_computed_rows_and_cached_ones_cost_nothing(
         computed = len(out.prompt_token_ids) - out.metrics.num_cached_tokens
         assert rows[rid] == computed + len(out.token_ids) - 1  # the last token is never fed
     assert rows["samples"] == 4 + 3 * (5 - 1)  # the prompt once, then each sample's decodes
-    # the cached prefix is never computed again: fewer rows, so a smaller share of every step
-    # it ran in (its seconds are not compared: a step's time is a measurement, not a bound)
-    assert rows["second"] < rows["first"]
+    # "second"'s 64 cached tokens are no rows (the loop above), so no step charges them; its
+    # seconds are not compared with "first"'s: they are measured, and "second" ran alone
 
 
 def test_fair_by_engine_seconds_serves_the_tenant_whose_tokens_cost_less() -> None:
