@@ -4,12 +4,15 @@ behaviour with the feature off."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 
+from cli.engine_flags import add_engine_flags, engine_kwargs_from
 from tests.conftest import prompt_token_lists
 from tests.engine.test_policies import NO_STOPS
 from worker.engine import LLMEngine, SamplingParams
 from worker.engine.block_manager import BlockManager
+from worker.engine.config import EngineArgs
 from worker.engine.outputs import RequestMetrics
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, SequenceStatus
@@ -30,11 +33,13 @@ def make_seq(prompt_len: int, max_tokens: int, service_class: str) -> Sequence:
 
 
 def scheduler(*, seqs: int = 8, budget: int = 256, blocks: int = 256, reserve_seqs: int = 2,
-              reserve_tokens: int = 32, priority: bool = True, batch_rows: int = 0) -> Scheduler:
+              reserve_tokens: int = 32, priority: bool = True, batch_rows: int = 0,
+              fast_lane: bool = False) -> Scheduler:
     return Scheduler(block_manager=BlockManager(blocks, 4), stop_checker=NO_STOPS, max_num_seqs=seqs,
                      max_num_batched_tokens=budget,
                      interactive_reserve_seqs=reserve_seqs, interactive_reserve_tokens=reserve_tokens,
-                     interactive_priority=priority, interactive_batch_rows=batch_rows)
+                     interactive_priority=priority, interactive_batch_rows=batch_rows,
+                     interactive_fast_lane=fast_lane)
 
 
 def sim_step(sched: Scheduler):
@@ -259,3 +264,61 @@ def test_the_cap_limits_batch_prompt_chunks_and_admission_too() -> None:
     out = sim_step(sched)
     assert _batch_rows(out) == 16  # one prompt's first chunk; the others wait for room
     assert sum(1 for s in out.scheduled if s.seq.is_batch) == 1
+
+
+def _running_batch(sched: Scheduler, count: int) -> list[Sequence]:
+    """``count`` batch sequences past their prompts (no interactive work yet: no cap)."""
+    for _ in range(count):
+        sched.add(make_seq(3, 200, "batch"))
+    sim_step(sched)
+    return [s for s in sched.running if s.is_batch]
+
+
+def test_a_fast_lane_step_admits_the_arrival_with_no_batch_rows_then_the_batch_resumes() -> None:
+    sched = scheduler(seqs=32, budget=256, blocks=512, reserve_seqs=0, reserve_tokens=0,
+                      batch_rows=5, fast_lane=True)
+    _running_batch(sched, 12)
+    chatting = make_seq(6, 50, "interactive")  # an interactive request already decoding
+    sched.add(chatting)
+    sim_step(sched)  # its own fast-lane step
+    assert _batch_rows(sim_step(sched)) == 5  # capped, not fast: nothing arrived
+    arrival = make_seq(20, 30, "interactive")
+    sched.add(arrival)
+    out = sim_step(sched)
+    assert _batch_rows(out) == 0  # the arrival's prompt waits on interactive rows only
+    assert any(s.seq is arrival and s.num_new_tokens == 20 for s in out.scheduled)
+    assert any(s.seq is chatting for s in out.scheduled)  # running interactive work goes on
+    assert _batch_rows(sim_step(sched)) == 5  # back to the cap
+
+
+def test_arrivals_before_every_step_never_stop_the_batch() -> None:
+    sched = scheduler(seqs=64, budget=256, blocks=1024, reserve_seqs=0, reserve_tokens=0,
+                      batch_rows=5, fast_lane=True)
+    batch = _running_batch(sched, 12)
+    progress = {s: s.num_output_tokens for s in batch}
+    rows, arrivals = [], []
+    for _ in range(10):
+        arrival = make_seq(8, 100, "interactive")
+        arrivals.append(arrival)
+        sched.add(arrival)
+        rows.append(_batch_rows(sim_step(sched)))
+    assert rows == [0, 5] * 5  # never two fast-lane steps in a row
+    assert all(a.status is SequenceStatus.RUNNING for a in arrivals)  # each admitted on arrival
+    assert all(s.num_output_tokens > progress[s] for s in batch)  # every batch runner advanced
+
+
+def test_fast_lane_off_or_without_priority_keeps_the_capped_step() -> None:
+    for fast_lane, priority in ((False, True), (True, False)):
+        sched = scheduler(seqs=32, budget=256, blocks=512, reserve_seqs=0, reserve_tokens=0,
+                          batch_rows=5, fast_lane=fast_lane, priority=priority)
+        _running_batch(sched, 12)
+        sched.add(make_seq(20, 30, "interactive"))
+        assert _batch_rows(sim_step(sched)) == 5
+
+
+def test_the_engine_runs_the_fast_lane_by_default_and_the_flag_turns_it_off() -> None:
+    assert EngineArgs().interactive_fast_lane is True
+    parser = argparse.ArgumentParser()
+    add_engine_flags(parser)
+    assert engine_kwargs_from(parser.parse_args(["--no-interactive-fast-lane"]))["interactive_fast_lane"] is False
+    assert "interactive_fast_lane" not in engine_kwargs_from(parser.parse_args([]))

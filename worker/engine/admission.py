@@ -21,7 +21,9 @@ so it starts in the same step; a runner that cannot grow preempts batch runners 
 With ``interactive_batch_rows`` a step computes at most that many rows of batch work
 while an interactive sequence runs or waits (the batch runners take turns, each advancing
 every few steps), so the step an interactive request waits on, and the one computing its
-prompt, stay short.
+prompt, stay short. With ``interactive_fast_lane`` the step that admits a newly arrived
+interactive request computes no batch rows at all (never two such steps in a row), so its
+prompt waits on a step of interactive work only.
 
 The ``static`` policy reproduces request-level batching: a cohort is admitted only when
 nothing runs, and runs until its longest member ends. ``static-padded`` is the same
@@ -62,6 +64,8 @@ class Admission:
     reserve_tokens: int  # and these tokens of the step budget
     interactive_priority: bool
     interactive_batch_rows: int  # batch rows per step while interactive work is present
+    interactive_fast_lane: bool  # no batch rows in a step that admits an interactive arrival
+    fast_lane_last: bool  # the last step planned was such a step
     batch_turn: int  # the batch runner that goes first in the next capped step
     cohort_open: bool  # static policies: the cohort still takes members
 
@@ -73,12 +77,25 @@ class Admission:
             self.padding = []
 
     def _batch_cap(self) -> int | None:
-        """Rows of batch work this step may compute: ``interactive_batch_rows`` while an
-        interactive sequence runs or waits, else no cap (None)."""
+        """Rows of batch work the step being planned may compute (None: no cap): none in a
+        fast-lane step (:meth:`_fast_lane`), ``interactive_batch_rows`` while an interactive
+        sequence runs or waits, else no cap."""
+        self.fast_lane_last = self._fast_lane()
+        if self.fast_lane_last:
+            return 0
         if not self.interactive_batch_rows:
             return None
         present = any(not s.is_batch for s in chain(self.running, self.waiting))
         return self.interactive_batch_rows if present else None
+
+    def _fast_lane(self) -> bool:
+        """Whether this step computes interactive work only: a newly arrived interactive
+        request waits (admitted first under interactive priority) and the last step was not
+        such a step. Its time to first token is then the step in progress when it arrived
+        plus a step of interactive rows, not plus a step of batch rows too; the batch loses
+        one short step per arrival, and at least every other step is its own."""
+        return (self.interactive_fast_lane and not self.fast_lane_last
+                and any(not s.is_batch and s.num_computed_tokens == 0 for s in self.waiting))
 
     def _batch_turns(self, cap: int) -> set[Sequence]:
         """The batch runners left out of a step capped at ``cap`` batch rows: they take

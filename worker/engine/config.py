@@ -64,6 +64,11 @@ class EngineArgs:
     # mixed-load benchmark, TTFT p99 under a batch backlog 1.9 s -> 0.55 s for the same
     # batch tokens/s, docs/benchmarks.md).
     interactive_batch_rows: int = 64
+    # A step that would admit a newly arrived interactive request computes no batch rows at
+    # all (never two such steps in a row, so arrivals cannot stop the batch): the arrival's
+    # prompt waits on a step of interactive work only, not on a capped batch step (needs
+    # interactive_priority; docs/benchmarks.md, "fast lane").
+    interactive_fast_lane: bool = True
 
     def __post_init__(self) -> None:
         self.validate()

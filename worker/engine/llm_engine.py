@@ -63,6 +63,7 @@ class LLMEngine:
             interactive_reserve_tokens=args.interactive_reserve_tokens,
             interactive_priority=args.interactive_priority,
             interactive_batch_rows=args.interactive_batch_rows,
+            interactive_fast_lane=args.interactive_fast_lane,
         )
         self.sampler = Sampler(eos_token_ids=runner.eos_token_ids, device=runner.device, seed=args.seed)
         self.grammars = Grammars(self.tokenizer, vocab_size=runner.vocab_size,

@@ -54,6 +54,7 @@ class Scheduler(Admission):
         interactive_reserve_tokens: int = 0,
         interactive_priority: bool = False,
         interactive_batch_rows: int = 0,
+        interactive_fast_lane: bool = False,
     ) -> None:
         self.block_manager = block_manager
         self.stop_checker = stop_checker
@@ -74,6 +75,9 @@ class Scheduler(Admission):
         self.reserve_tokens = min(interactive_reserve_tokens, max_num_batched_tokens // 4) if classes else 0
         self.interactive_priority = interactive_priority and classes
         self.interactive_batch_rows = interactive_batch_rows if classes else 0
+        # arrivals are admitted ahead of batch work only under interactive priority
+        self.interactive_fast_lane = interactive_fast_lane and self.interactive_priority
+        self.fast_lane_last = False  # whether the last step planned was a fast-lane step
         self.batch_turn = 0  # where the batch runners' turns start in the next capped step
 
     # -- queues -----------------------------------------------------------------------
