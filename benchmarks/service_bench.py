@@ -84,6 +84,11 @@ class NoOpEngine:
 
 
 # -- helpers ------------------------------------------------------------------------------------
+def run_tenant() -> str:
+    """A tenant of one run's own: it salts the prefix cache's hashes (see bench_throughput)."""
+    return f"run-{uuid.uuid4().hex[:8]}"
+
+
 class RowCount:
     """Counts the rows (prompt and decode tokens) ``engine.step`` computes from ``start()``
     on, by wrapping the engine's ``step`` (the in-process runs and the worker call the same)."""
@@ -192,7 +197,7 @@ def bench_throughput(args: argparse.Namespace, env: Env) -> dict:
     def baseline() -> tuple[float, int]:
         rows.start()
         t0 = time.perf_counter()
-        tenant = f"run-{uuid.uuid4().hex[:8]}"
+        tenant = run_tenant()
         for r in reqs:
             engine.add_request(f"base-{uuid.uuid4().hex}", r.prompt_token_ids,
                                SamplingParams(max_tokens=r.max_tokens, temperature=0, ignore_eos=True),
@@ -214,7 +219,7 @@ def bench_throughput(args: argparse.Namespace, env: Env) -> dict:
     engine_rows = [rows.total]
     service_rows: list[int] = []
     for _ in range(args.rounds):
-        tenant = f"run-{uuid.uuid4().hex[:8]}"
+        tenant = run_tenant()
         jobs = [NewJob(request={"url": "/v1/completions", "body": {
             "prompt": r.prompt_token_ids, "max_tokens": r.max_tokens, "temperature": 0, "ignore_eos": True}},
             tenant=tenant)
