@@ -6,6 +6,7 @@ ended without an event (cancelled while queued, dead-lettered, a worker that die
 
 from __future__ import annotations
 
+import json
 import time
 import weakref
 from asyncio import AbstractEventLoop, get_running_loop
@@ -53,11 +54,15 @@ async def close_async_redis() -> None:
 
 @dataclass
 class TextDelta:
-    """New text of choice ``index`` starting at character ``pos`` of that choice."""
+    """New text of choice ``index`` starting at character ``pos`` of that choice, with the
+    scores (stored form) of the positions it completes from position ``lp_pos`` on, when the
+    request asked for logprobs."""
 
     index: int
     pos: int
     text: str
+    lp_pos: int = 0
+    logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -115,7 +120,7 @@ async def job_events(
                     yield Ended(str(fields.get("s") or ""))
                     return
                 if fields.get("t") == "d":
-                    yield TextDelta(int(fields["i"]), int(fields["p"]), str(fields.get("x", "")))
+                    yield _text_delta(fields)
         if got:
             continue
         if time.monotonic() >= next_check:
@@ -125,3 +130,11 @@ async def job_events(
                 return
             check_every = min(_MAX_CHECK_S, check_every * 2)
             next_check = time.monotonic() + check_every
+
+
+def _text_delta(fields: dict[str, Any]) -> TextDelta:
+    """A ``"d"`` entry (:class:`worker.queue.job_events.Delta`) read back."""
+    scores = fields.get("l")
+    return TextDelta(int(fields["i"]), int(fields["p"]), str(fields.get("x", "")),
+                     lp_pos=int(fields.get("q") or 0),
+                     logprobs=None if scores is None else json.loads(scores))

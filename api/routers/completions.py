@@ -8,8 +8,9 @@ backpressure, quotas, enqueue), and the answer waits for it (:mod:`api.job_waite
 - without ``stream``: OpenAI's ``chat.completion`` / ``text_completion`` object once the
   job's result is committed (the body ``GET /v1/jobs/{id}`` shows as ``result``);
 - with ``stream: true``: Server-Sent Events in OpenAI's chunk format, fed by the text
-  deltas the worker publishes as it produces tokens, completed from the committed result
-  (finish reasons, logprobs, usage), then ``data: [DONE]``.
+  deltas the worker publishes as it produces tokens (each with the logprobs of its tokens,
+  when asked), completed from the committed result (the text and logprobs not streamed,
+  finish reasons, usage), then ``data: [DONE]``.
 
 A client that goes away, and a wait longer than ``INFLIGHT_COMPLETION_TIMEOUT`` (504),
 cancel the job, unless the request sent ``X-Inflight-Detach: true``: the job then runs on
@@ -37,7 +38,12 @@ from api.errors import ApiError, error_response
 from api.job_waiter import Ended, Stopped, TextDelta, job_events, read_job
 from api.views import job_model, response_body, usage
 from worker.jobs.cancel import request_cancel
-from worker.protocol.openai_batch import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
+from worker.protocol.openai_batch import (
+    CHAT_ENDPOINT,
+    COMPLETIONS_ENDPOINT,
+    logprobs_from_stored,
+    logprobs_object,
+)
 from worker.queue.job_events import DELTAS, END
 
 log = logging.getLogger(__name__)
@@ -238,13 +244,15 @@ class _Answer:
 
     async def events(self, request: Request) -> AsyncIterator[str]:
         """The SSE body: a role chunk per choice (chat), content deltas as the worker
-        publishes them, the rest of each choice's text from the committed result with its
-        finish reason (and logprobs when asked), the usage chunk when asked, [DONE]."""
+        publishes them (each with the logprobs of the tokens it completes, when asked), the
+        rest of each choice's text and logprobs from the committed result, its finish
+        reason, the usage chunk when asked, [DONE]."""
         complete = False
         try:
             if self.is_chat:
                 yield self._chunk([self._choice(i, "", role=True) for i in range(self.n)])
             sent = [""] * self.n
+            scored = [_Scored() for _ in range(self.n)]
             ended: Ended | None = None
             async for event in job_events(self.ctx, self.job_id, request=request,
                                           deadline=self.deadline):
@@ -255,7 +263,8 @@ class _Answer:
                     new = event.text[len(sent[i]) - event.pos :]
                     if new:
                         sent[i] += new
-                        yield self._chunk([self._choice(i, new)])
+                        lp = scored[i].take(self.is_chat, event.lp_pos, event.logprobs)
+                        yield self._chunk([self._choice(i, new, logprobs=lp)])
                 elif isinstance(event, Ended):
                     ended = event
                 elif event.why == "timeout":
@@ -271,6 +280,7 @@ class _Answer:
                 yield "data: [DONE]\n\n"
                 complete = True
                 return
+            stored = job.choices or []
             for i, choice in enumerate(body["choices"][: self.n]):
                 text = choice["message"]["content"] if self.is_chat else choice["text"]
                 text = text or ""
@@ -278,11 +288,14 @@ class _Answer:
                     log.warning("job %s choice %d: streamed text is not a prefix of the result",
                                 self.job_id, i)
                 rest = text[len(sent[i]) :]
+                scores = stored[i].get("logprobs") if i < len(stored) else None
+                lp = scored[i].rest(self.is_chat, scores) if choice.get("logprobs") else None
                 if rest:
-                    yield self._chunk([self._choice(i, rest)])
+                    yield self._chunk([self._choice(i, rest, logprobs=lp)])
+                    lp = None
                 yield self._chunk([self._choice(i, None if self.is_chat else "",
                                                 finish_reason=choice["finish_reason"],
-                                                logprobs=choice.get("logprobs"))])
+                                                logprobs=lp)])
             if self.include_usage:
                 yield self._chunk([], usage_=usage(job))
             yield "data: [DONE]\n\n"
@@ -290,6 +303,36 @@ class _Answer:
         finally:
             if not complete:
                 await self._cancel("the stream ended early (client gone or timeout)")
+
+
+class _Scored:
+    """The logprobs one streamed choice has sent: positions and characters of token text
+    (a completion's ``text_offset`` goes on from there)."""
+
+    def __init__(self) -> None:
+        self.positions = 0
+        self.chars = 0
+
+    def take(self, is_chat: bool, lp_pos: int, stored: list[dict[str, Any]] | None
+             ) -> dict[str, Any] | None:
+        """The chunk's ``logprobs`` from a delta's scores at position ``lp_pos`` (None when
+        the delta has none or some were missed: the final chunk sends them)."""
+        if stored is None or lp_pos > self.positions:
+            return None
+        return self._send(is_chat, stored[self.positions - lp_pos :])
+
+    def rest(self, is_chat: bool, stored: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+        """The result's scores not sent yet (None when none are left)."""
+        return self._send(is_chat, (stored or [])[self.positions :])
+
+    def _send(self, is_chat: bool, stored: list[dict[str, Any]]) -> dict[str, Any] | None:
+        if not stored:
+            return None
+        infos = logprobs_from_stored(stored)
+        obj = logprobs_object(is_chat, infos, self.chars)
+        self.positions += len(infos)
+        self.chars += sum(len(lp.token) for lp in infos)
+        return obj
 
 
 def _timeout_error(ctx: Context) -> dict[str, Any]:

@@ -117,6 +117,9 @@ def test_chat_completions_with_the_openai_sdk(env: ApiEnv, worker: Any) -> None:
         streamed_lp = [p for c in streamed_scored if c.choices and c.choices[0].logprobs
                        for p in c.choices[0].logprobs.content]
         assert [(p.token, p.logprob) for p in streamed_lp] == [(p.token, p.logprob) for p in content]
+        # the scores arrive with the text of their tokens, as OpenAI streams them
+        assert sum(1 for c in streamed_scored if c.choices and c.choices[0].logprobs
+                   and c.choices[0].delta.content) >= 2
 
         fmt = {"type": "json_schema", "json_schema": {"name": "review", "schema": schema}}
         structured = client.chat.completions.create(
@@ -156,6 +159,14 @@ def test_completions_with_the_openai_sdk(env: ApiEnv, worker: Any) -> None:
         assert all(c.object == "text_completion" for c in chunks)
         assert "".join(c.choices[0].text for c in chunks) == plain.choices[0].text
         assert chunks[-1].choices[0].finish_reason == plain.choices[0].finish_reason
+        scored = [c.choices[0].logprobs for c in client.completions.create(
+            model="tiny-llama", prompt="Once upon a time", max_tokens=12, temperature=0,
+            logprobs=2, stream=True) if c.choices[0].logprobs]
+        assert len(scored) >= 2  # per chunk; offsets go on across chunks
+        want = plain.choices[0].logprobs
+        assert [t for lp in scored for t in lp.tokens] == want.tokens
+        assert [o for lp in scored for o in lp.text_offset] == want.text_offset
+        assert [v for lp in scored for v in lp.token_logprobs] == want.token_logprobs
 
         two = client.completions.create(model="tiny-llama", prompt="Once upon a time",
                                         max_tokens=8, temperature=1.0, seed=4, n=2)

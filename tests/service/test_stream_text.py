@@ -4,7 +4,7 @@ publish nothing twice."""
 
 from __future__ import annotations
 
-from worker.engine.outputs import RequestMetrics, RequestOutput
+from worker.engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from worker.protocol.sampling_params import SamplingParams
 from worker.service.stream_text import StreamTexts
 
@@ -20,10 +20,11 @@ class Bytes:
         return raw.decode("utf-8", errors="replace")
 
 
-def _out(ids: list[int], index: int = 0) -> RequestOutput:
+def _out(ids: list[int], index: int = 0, scored: bool = False) -> RequestOutput:
+    logprobs = [TokenLogprob(t, -0.5 * t, {t: -0.5 * t, 2: -2.0}) for t in ids] if scored else None
     return RequestOutput(request_id="j", prompt=None, prompt_token_ids=[9], text="",
                          token_ids=ids, finish_reason=None, metrics=RequestMetrics(0.0),
-                         index=index)
+                         index=index, logprobs=logprobs)
 
 
 def _run(ids: list[int], params: SamplingParams) -> list[str]:
@@ -64,3 +65,30 @@ def test_unfollowed_jobs_and_samples_apart() -> None:
     streams.discard(["j"])
     assert "j" not in streams
     assert StreamTexts(None).update(_out([1])) is None
+
+
+def test_scores_go_with_the_text_of_their_tokens() -> None:
+    """Each delta carries the scored positions whose text it completes: a cut character's
+    tokens wait for the delta that ends it, a held-back stop prefix's token for the delta
+    that publishes its text; positions follow on without gaps or repeats."""
+    streams = StreamTexts(Bytes())
+    streams.add("j", SamplingParams(max_tokens=10, stop=[" END"], logprobs=1))
+    ids = [1, 2, 5, 6, 7, 3]
+    got = [streams.update(_out(ids[:k], scored=True)) for k in range(1, len(ids) + 1)]
+    published = [(d.text, d.lp_pos, [lp["token"] for lp in d.logprobs or []])
+                 for d in got if d is not None]
+    assert published == [
+        ("Hel", 0, ["Hel"]),
+        ("lo", 1, ["lo"]),
+        ("\u20ac", 2, ["\ufffd", "\ufffd\ufffd"]),  # the euro sign settles with its 2nd token
+        (" E wor", 4, [" E", " wor"]),  # " E" was held back: it could begin " END"
+    ]
+    first = next(d for d in got if d is not None)
+    assert first.logprobs == [{"token": "Hel", "logprob": -0.5, "top": [["Hel", -0.5],
+                                                                          ["lo", -2.0]]}]
+    fields = first.fields()
+    assert fields["q"] == "0" and fields["l"].startswith("[")
+    plain = StreamTexts(Bytes())
+    plain.add("j", SamplingParams(max_tokens=4))
+    d = plain.update(_out([1]))
+    assert d is not None and d.logprobs is None and "l" not in d.fields()

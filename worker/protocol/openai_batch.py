@@ -39,9 +39,13 @@ from worker.protocol.openai_output import (
     error_object,
     format_batch_output_line,
     format_error_line,
+    logprob_info,
+    logprobs_from_stored,
+    logprobs_object,
     new_request_id,
     samples_of,
     stored_choice,
+    stored_logprobs,
 )
 from worker.protocol.sampling_params import InvalidRequestError, SamplingParams
 from worker.protocol.structured_output import FIELDS as STRUCTURED_FIELDS
@@ -61,12 +65,16 @@ __all__ = [
     "format_batch_output_line",
     "format_error_line",
     "line_custom_id",
+    "logprob_info",
+    "logprobs_from_stored",
+    "logprobs_object",
     "new_request_id",
     "parse_request_body",
     "parse_request_line",
     "samples_of",
     "split_stored",
     "stored_choice",
+    "stored_logprobs",
 ]
 
 CHAT_ENDPOINT = "/v1/chat/completions"

@@ -57,6 +57,26 @@ class Sample:
     prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
 
 
+def logprob_info(lp: Any, decode: Any) -> LogprobInfo:
+    """One engine ``TokenLogprob`` (token ids) named with ``decode`` (a tokenizer's), every
+    logprob finite."""
+    return LogprobInfo(token=decode([lp.token_id]), logprob=finite_logprob(lp.logprob),
+                       top=[(decode([t]), finite_logprob(v)) for t, v in lp.top.items()])
+
+
+def stored_logprobs(infos: list[LogprobInfo]) -> list[dict[str, Any]]:
+    """Positions as JSON (the job store's and the streamed deltas' form)."""
+    return [{"token": lp.token, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
+            for lp in infos]
+
+
+def logprobs_from_stored(stored: list[dict[str, Any]]) -> list[LogprobInfo]:
+    """The positions :func:`stored_logprobs` wrote."""
+    return [LogprobInfo(token=lp["token"], logprob=lp["logprob"],
+                        top=[(str(t), float(v)) for t, v in lp.get("top", [])])
+            for lp in stored]
+
+
 def samples_of(out: Any, tokenizer: Any) -> list[Sample]:
     """Every sample of a finished engine output (``RequestOutput``: its ``samples`` when
     n > 1, else itself), naming logprob tokens with ``tokenizer.decode`` (needed only when
@@ -68,10 +88,7 @@ def samples_of(out: Any, tokenizer: Any) -> list[Sample]:
             return None
         if tokenizer is None:
             raise ValueError("logprobs need a tokenizer to name their tokens")
-        decode = tokenizer.decode
-        return [LogprobInfo(token=decode([lp.token_id]), logprob=finite_logprob(lp.logprob),
-                            top=[(decode([t]), finite_logprob(v)) for t, v in lp.top.items()])
-                for lp in entries]
+        return [logprob_info(lp, tokenizer.decode) for lp in entries]
 
     def prompt_scores(entries: list[Any] | None) -> list[dict[str, dict[str, Any]] | None] | None:
         if entries is None:
@@ -99,12 +116,7 @@ def samples_of(out: Any, tokenizer: Any) -> list[Sample]:
 
 def stored_choice(sample: Sample) -> dict[str, Any]:
     """A sample as the job store keeps it (JSON; see :func:`choice_from_stored`)."""
-    logprobs = (
-        None
-        if sample.logprobs is None
-        else [{"token": lp.token, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
-              for lp in sample.logprobs]
-    )
+    logprobs = None if sample.logprobs is None else stored_logprobs(sample.logprobs)
     stored: dict[str, Any] = {
         "text": sample.text,
         "finish_reason": sample.finish_reason,
@@ -123,10 +135,7 @@ def choice_from_stored(stored: dict[str, Any]) -> Sample:
     return Sample(
         text=stored.get("text") or "",
         finish_reason=stored.get("finish_reason"),
-        logprobs=None if logprobs is None else [
-            LogprobInfo(token=lp["token"], logprob=lp["logprob"],
-                        top=[(str(t), float(v)) for t, v in lp.get("top", [])])
-            for lp in logprobs],
+        logprobs=None if logprobs is None else logprobs_from_stored(logprobs),
         token_ids=stored.get("token_ids"),
         stop_reason=stored.get("stop_reason"),
         prompt_logprobs=stored.get("prompt_logprobs"),
@@ -172,14 +181,14 @@ def _choice(is_chat: bool, with_logprobs: bool, index: int, sample: Sample) -> d
         return {
             "index": index,
             "message": {"role": "assistant", "content": sample.text},
-            "logprobs": _chat_logprobs(logprobs) if logprobs is not None else None,
+            "logprobs": logprobs_object(True, logprobs) if logprobs is not None else None,
             "finish_reason": sample.finish_reason,
             **known,
         }
     return {
         "index": index,
         "text": sample.text,
-        "logprobs": _completion_logprobs(logprobs) if logprobs is not None else None,
+        "logprobs": logprobs_object(False, logprobs) if logprobs is not None else None,
         "finish_reason": sample.finish_reason,
         **known,
     }
@@ -230,6 +239,14 @@ def format_error_line(*, custom_id: str | None, request_id: str, message: str,
     )
 
 
+def logprobs_object(is_chat: bool, logprobs: list[LogprobInfo], text_offset: int = 0
+                    ) -> dict[str, Any]:
+    """A choice's (or a streamed chunk's) ``logprobs`` in the endpoint's own format; a
+    completion's ``text_offset`` counts from ``text_offset`` (where the chunk's first token
+    starts in the choice's text)."""
+    return _chat_logprobs(logprobs) if is_chat else _completion_logprobs(logprobs, text_offset)
+
+
 def _chat_logprobs(logprobs: list[LogprobInfo]) -> dict[str, Any]:
     def entry(token: str, logprob: float) -> dict[str, Any]:
         return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
@@ -239,8 +256,8 @@ def _chat_logprobs(logprobs: list[LogprobInfo]) -> dict[str, Any]:
     return {"content": content, "refusal": None}
 
 
-def _completion_logprobs(logprobs: list[LogprobInfo]) -> dict[str, Any]:
-    offsets, offset = [], 0
+def _completion_logprobs(logprobs: list[LogprobInfo], offset: int) -> dict[str, Any]:
+    offsets = []
     for lp in logprobs:
         offsets.append(offset)
         offset += len(lp.token)

@@ -7,7 +7,10 @@ and, before it, the engine loop's text deltas as tokens are produced. Events go 
 stream ``keys.deltas(job_id)`` (capped at :data:`MAXLEN` entries, expiring
 :data:`TTL_S` after its last write):
 
-- ``{"t": "d", "i": <choice index>, "p": <offset of the text in the choice>, "x": <text>}``
+- ``{"t": "d", "i": <choice index>, "p": <offset of the text in the choice>, "x": <text>}``,
+  plus, when the request asked for logprobs, ``"q"``: the position (token index in the
+  choice) of the first scored token, and ``"l"``: the JSON list of the positions whose
+  text this delta completes (``{"token", "logprob", "top"}`` each, the job store's form);
 - ``{"t": "end", "s": <status>}``: the result (or failure) is in SQL now.
 
 The events are a notification, not the record: a reader that misses them (the stream
@@ -16,6 +19,7 @@ expired, a worker died) reads the job from SQL.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,16 +46,22 @@ def wanted(stored: Any) -> str | None:
 
 @dataclass
 class Delta:
-    """New text of one choice of a streamed job, at character offset ``pos``."""
+    """New text of one choice of a streamed job, at character offset ``pos``; with the
+    scored positions ``logprobs`` (stored form) from token ``lp_pos`` on, when asked."""
 
     job_id: str
     index: int
     pos: int
     text: str
+    lp_pos: int = 0
+    logprobs: list[dict[str, Any]] | None = None
 
     def fields(self) -> dict[str, str]:
         """The stream entry."""
-        return {"t": "d", "i": str(self.index), "p": str(self.pos), "x": self.text}
+        entry = {"t": "d", "i": str(self.index), "p": str(self.pos), "x": self.text}
+        if self.logprobs is not None:
+            entry["q"], entry["l"] = str(self.lp_pos), json.dumps(self.logprobs)
+        return entry
 
 
 def end_fields(status: str) -> dict[str, str]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from worker.engine.outputs import RequestOutput, StepStats
 from worker.engine.step_cost import split_seconds
-from worker.protocol.openai_batch import Sample, samples_of, stored_choice
+from worker.protocol.openai_batch import LogprobInfo, Sample, samples_of, stored_choice
 from worker.service.held_jobs import HeldJob
 from worker.service.observe import JobObserver, trace_row
 from worker.service.writer import Finished, HandBack, OutputWriter, Release
@@ -171,6 +171,12 @@ def _cleaned(sample: Sample) -> Sample:
     if isinstance(sample.stop_reason, str):
         sample.stop_reason = clean(sample.stop_reason)
     for lp in sample.logprobs or ():
-        lp.token = clean(lp.token) or ""
-        lp.top = [(clean(t) or "", v) for t, v in lp.top]
+        clean_logprob(lp)
     return sample
+
+
+def clean_logprob(lp: LogprobInfo) -> LogprobInfo:
+    """``lp`` with its token texts :func:`clean`."""
+    lp.token = clean(lp.token) or ""
+    lp.top = [(clean(t) or "", v) for t, v in lp.top]
+    return lp

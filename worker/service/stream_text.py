@@ -7,8 +7,11 @@ where the text was settled, as vLLM does, so each step costs the new tokens, not
 output) and the new characters become a delta. Text is held back while it could still
 change: a trailing incomplete UTF-8 character (the decoder shows U+FFFD), and a tail that
 could be the start of one of the request's stop strings (the final text is cut before a
-stop string). The final result, committed to SQL, stays the record: the reader completes
-the streamed text from it.
+stop string). When the request asked for logprobs, each delta carries the scored
+positions of the tokens whose text it completes (a group of tokens settles together: the
+group's scores go with the delta that publishes the end of its text). The final result,
+committed to SQL, stays the record: the reader completes the streamed text and scores
+from it.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.engine.outputs import RequestOutput
+from worker.engine.outputs import RequestOutput, TokenLogprob
+from worker.protocol.openai_batch import logprob_info, stored_logprobs
 from worker.protocol.sampling_params import SamplingParams
 from worker.queue.job_events import Delta
+from worker.service.loop_output import clean, clean_logprob
 
 _REPLACEMENT = "\ufffd"
 
@@ -29,6 +34,10 @@ class _Sample:
     read: int = 0
     text: str = ""  # settled text
     sent: int = 0  # characters published
+    # (end of the group's text in ``text``, tokens settled with it), oldest first, whose
+    # scores were not published yet
+    groups: list[tuple[int, int]] = field(default_factory=list)
+    scored: int = 0  # positions whose scores were published
 
 
 @dataclass
@@ -72,12 +81,27 @@ class StreamTexts:
             if len(after) > len(before) and not after.endswith(_REPLACEMENT):
                 s.text += after[len(before) :]
                 s.prefix, s.read = s.read, len(ids)
+                s.groups.append((len(s.text), s.read))
         end = len(s.text) - _held_back(s.text, job.stops)
         if end <= s.sent:
             return None
-        delta = Delta(job_id=out.request_id, index=out.index, pos=s.sent, text=s.text[s.sent : end])
+        delta = Delta(job_id=out.request_id, index=out.index, pos=s.sent,
+                      text=clean(s.text[s.sent : end]) or "")
         s.sent = end
+        if out.logprobs is not None:
+            delta.lp_pos, delta.logprobs = s.scored, self._scores(out.logprobs, s)
         return delta
+
+    def _scores(self, logprobs: list[TokenLogprob], s: _Sample) -> list[dict[str, Any]]:
+        """The stored scores of the groups whose text is now published, named as the final
+        result names them (``samples_of``, ``clean``)."""
+        upto = s.scored
+        while s.groups and s.groups[0][0] <= s.sent:
+            upto = s.groups.pop(0)[1]
+        infos = [clean_logprob(logprob_info(lp, self.tokenizer.decode))
+                 for lp in logprobs[s.scored : upto]]
+        s.scored = upto
+        return stored_logprobs(infos)
 
     def _decode(self, ids: list[int], job: _Job) -> str:
         if not ids:
