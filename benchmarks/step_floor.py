@@ -17,8 +17,9 @@ the rest of the update and the output objects.
 Bounds, measured here in the same process with the same threads:
 
 - **weights**: the bytes of every weight the step reads (all linears, the head) over the
-  read bandwidth of this machine (the best of five sums over a 1 GiB buffer): no decode
-  step can be faster than reading its weights once;
+  read bandwidth of this machine (the fastest full read of a 1 GiB buffer, by sums and
+  dot products, five each, before the steps and again after them): no decode step can be
+  faster than reading its weights once;
 - **matmul**: the model's own packed linears alone on B random rows, back to back, as
   the step runs them: what the step would cost if nothing but its matmuls ran.
 
@@ -99,13 +100,17 @@ def instrument(engine: LLMEngine, totals: dict[str, float]) -> None:
 
 
 def read_bandwidth_gb_s() -> float:
-    """Best of five full reads of a 1 GiB buffer (torch.sum on this process's threads)."""
+    """The fastest of five full reads of a 1 GiB buffer by each of two readers (torch.sum
+    and torch.dot, on this process's threads): one reader alone, once, read as low as
+    14.5 GB/s on a machine where both read 22-24 GB/s a minute later, which made the bound
+    slower than the step it bounds."""
     buf = torch.ones(2**28)  # 1 GiB of fp32
     best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        buf.sum()
-        best = min(best, time.perf_counter() - t0)
+    for read in (torch.sum, lambda b: torch.dot(b, b)):
+        for _ in range(5):
+            t0 = time.perf_counter()
+            read(buf)
+            best = min(best, time.perf_counter() - t0)
     return buf.numel() * buf.element_size() / best / 1e9
 
 
@@ -278,9 +283,8 @@ def main() -> None:
         max_num_batched_tokens=budget,
         num_kv_blocks=max(sizes) * (-(-max(longest, args.context + 64) // 16)) + 64))
     totals: dict[str, float] = defaultdict(float)
-    bandwidth = read_bandwidth_gb_s()
+    readings = [read_bandwidth_gb_s()]
     weights = weight_bytes(engine)
-    bound = weights / bandwidth / 1e6  # ms
     peer = {}
     if args.peer:
         from worker.engine.models.loader import resolve_checkpoint_dir
@@ -296,7 +300,6 @@ def main() -> None:
         row = {
             "batch": n, "context": args.context, "step_ms": round(step_ms, 2),
             "tokens_per_s": round(n / step_ms * 1e3, 1),
-            "bound_weights_ms": round(bound, 2), "step_over_weights_bound": round(step_ms / bound, 2),
             "matmul_ms": round(matmul_ms(engine, n), 2),
             "split_ms": split,
             "differenced_step_ms": None if differenced is None else round(differenced, 2),
@@ -304,10 +307,19 @@ def main() -> None:
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
+    readings.append(read_bandwidth_gb_s())
+    bandwidth = max(readings)
+    bound = weights / bandwidth / 1e6  # ms
+    for row in rows:
+        row["bound_weights_ms"] = round(bound, 2)
+        row["step_over_weights_bound"] = round(row["step_ms"] / bound, 2)
+        print(f"batch {row['batch']}: {row['step_ms']} ms, {row['step_over_weights_bound']}x "
+              f"the weights bound ({bound:.2f} ms at {bandwidth:.1f} GB/s)", flush=True)
     result = {"command": "python benchmarks/step_floor.py " + " ".join(sys.argv[1:]),
               "model": args.model, "dtype": str(engine.dtype), "threads": torch.get_num_threads(),
               "backend": engine.runner.backend.name, "prepacked": engine.prepacked,
               "cpu": cpu_description(), "read_bandwidth_gb_s": round(bandwidth, 1),
+              "read_bandwidth_readings_gb_s": [round(r, 1) for r in readings],
               "weight_bytes": weights, "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
