@@ -19,7 +19,7 @@ _ENGINE_FIELDS = (
     "enable_chunked_prefill", "attention_backend", "seed", "num_threads", "prepack_weights",
     "num_speculative_tokens", "speculative_max_rows",
     "interactive_reserve_seqs", "interactive_reserve_tokens", "interactive_priority",
-    "interactive_batch_rows", "interactive_fast_lane",
+    "interactive_batch_rows", "interactive_step_ms", "interactive_fast_lane",
 )
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -95,10 +95,14 @@ def add_engine_flags(parser: argparse.ArgumentParser, *, default_model: str = "s
     g.add_argument("--interactive-priority", action=argparse.BooleanOptionalAction, default=None,
                    help="admit waiting interactive jobs before batch ones, preempting a batch "
                         "sequence when slots or KV blocks are full (default: on)")
+    g.add_argument("--interactive-step-ms", type=float, metavar="MS",
+                   help="while interactive jobs run or wait, only as many rows of batch work "
+                        "per step as fit in about MS milliseconds (learnt from the recent "
+                        "steps), the batch sequences taking turns, so steps stay short "
+                        "(default: 100; 0: no time target)")
     g.add_argument("--interactive-batch-rows", type=int, metavar="N",
                    help="while interactive jobs run or wait, at most N rows of batch work "
-                        "per step, the batch sequences taking turns, so steps stay short "
-                        "(default: 64; 0: no cap)")
+                        "per step, whatever the time (default: 0, no fixed cap)")
     g.add_argument("--interactive-fast-lane", action=argparse.BooleanOptionalAction, default=None,
                    help="the step that admits a newly arrived interactive job computes no "
                         "batch rows (never two such steps in a row), so its prompt waits on "

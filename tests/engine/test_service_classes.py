@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import itertools
 
+import pytest
+
 from cli.engine_flags import add_engine_flags, engine_kwargs_from
 from tests.conftest import prompt_token_lists
 from tests.engine.test_policies import NO_STOPS
@@ -322,3 +324,38 @@ def test_the_engine_runs_the_fast_lane_by_default_and_the_flag_turns_it_off() ->
     add_engine_flags(parser)
     assert engine_kwargs_from(parser.parse_args(["--no-interactive-fast-lane"]))["interactive_fast_lane"] is False
     assert "interactive_fast_lane" not in engine_kwargs_from(parser.parse_args([]))
+
+
+def test_the_step_budget_caps_batch_rows_by_the_time_recent_steps_took() -> None:
+    sched = Scheduler(block_manager=BlockManager(1024, 4), stop_checker=NO_STOPS, max_num_seqs=64,
+                      max_num_batched_tokens=256, interactive_priority=True,
+                      interactive_step_ms=42.0)
+    batch = _running_batch(sched, 40)
+    assert _batch_rows(sim_step(sched)) == 40  # no interactive work: no cap
+    chatting = make_seq(6, 50, "interactive")
+    sched.add(chatting)
+    assert _batch_rows(sim_step(sched)) == 40  # no estimate yet: nothing to cap by
+    for rows in (8, 40, 16, 33):  # this machine: 10 ms a step, 1 ms a row
+        sched.step_time.observe(rows, 0.010 + 0.001 * rows)
+    out = sim_step(sched)
+    assert _batch_rows(out) == 32 - 1  # 32 rows fit in 42 ms, one of them the chat's
+    assert any(s.seq is chatting for s in out.scheduled)
+    assert all(s.num_output_tokens >= 3 for s in batch)
+    for _ in range(200):
+        sched.step_time.observe(16, 0.300)  # the machine slowed down: 19 ms a row
+    assert _batch_rows(sim_step(sched)) == 4  # never below MIN_CAPPED_BATCH_ROWS
+    sched.interactive_batch_rows = 2  # a fixed cap below the time's still holds
+    assert _batch_rows(sim_step(sched)) == 2
+
+
+def test_engine_steps_teach_the_step_time_model_and_the_flags_set_the_budget() -> None:
+    assert EngineArgs().interactive_step_ms == 100.0 and EngineArgs().interactive_batch_rows == 0
+    engine = LLMEngine(model="tiny-llama", num_kv_blocks=64, max_num_seqs=8)
+    engine.add_request("b", [5, 6, 7], greedy(6), service_class="batch")
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.scheduler.step_time.steps == 6
+    assert engine.scheduler.interactive_step_s == pytest.approx(0.1)
+    parser = argparse.ArgumentParser()
+    add_engine_flags(parser)
+    assert engine_kwargs_from(parser.parse_args(["--interactive-step-ms", "250"]))["interactive_step_ms"] == 250.0

@@ -74,7 +74,7 @@ def test_fair_by_engine_seconds_serves_the_tenant_whose_tokens_cost_less() -> No
             for _ in range(4):
                 sched.add(make_seq(8, 5, tenant=tenant))
             while sched.has_unfinished():
-                sched.charge_time(step(sched), seconds)
+                sched.record_step_time(step(sched), seconds)
         costly, cheap = sched.ledger.served["costly"], sched.ledger.served["cheap"]
         if share == "tokens":
             assert costly == cheap == 4 * (8 + 5 - 1)

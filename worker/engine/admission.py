@@ -18,10 +18,11 @@ waiting interactive requests are admitted before any batch one (the policy order
 class), and one that finds the slots or KV blocks full preempts the lowest-value batch
 runner (``pick_victim`` among batch sequences; swapped or recomputed as any preemption)
 so it starts in the same step; a runner that cannot grow preempts batch runners first.
-With ``interactive_batch_rows`` a step computes at most that many rows of batch work
-while an interactive sequence runs or waits (the batch runners take turns, each advancing
-every few steps), so the step an interactive request waits on, and the one computing its
-prompt, stay short. With ``interactive_fast_lane`` the step that admits a newly arrived
+While an interactive sequence runs or waits, a step computes only the rows of batch work
+that fit in ``interactive_step_s`` (what a step of so many rows takes is learnt from the
+recent steps: ``step_time_model``) and at most ``interactive_batch_rows``, the batch
+runners taking turns (each advancing every few steps), so the step an interactive request
+waits on, and the one computing its prompt, stay short. With ``interactive_fast_lane`` the step that admits a newly arrived
 interactive request computes no batch rows at all (never two such steps in a row), so its
 prompt waits on a step of interactive work only.
 
@@ -41,9 +42,11 @@ from worker.engine.block_manager import BlockManager
 from worker.engine.scheduling_policy import TenantLedger, next_waiting, pick_victim
 from worker.engine.sequence import Sequence, SequenceStatus
 from worker.engine.step_plan import ScheduledSequence, SchedulerOutput
+from worker.engine.step_time_model import StepTimeModel
 from worker.engine.swap import SwapManager
 
 COHORT_POLICIES = ("static", "static-padded")
+MIN_CAPPED_BATCH_ROWS = 4  # a step capped for interactive work still advances the batch
 
 
 class Admission:
@@ -63,7 +66,9 @@ class Admission:
     reserve_seqs: int  # batch admission leaves these slots free
     reserve_tokens: int  # and these tokens of the step budget
     interactive_priority: bool
-    interactive_batch_rows: int  # batch rows per step while interactive work is present
+    interactive_batch_rows: int  # at most these batch rows per step while interactive work is present
+    interactive_step_s: float  # and those that fit in a step of this length (0: no such bound)
+    step_time: StepTimeModel  # what a step of so many rows takes, from the recent ones
     interactive_fast_lane: bool  # no batch rows in a step that admits an interactive arrival
     fast_lane_last: bool  # the last step planned was such a step
     batch_turn: int  # the batch runner that goes first in the next capped step
@@ -78,15 +83,24 @@ class Admission:
 
     def _batch_cap(self) -> int | None:
         """Rows of batch work the step being planned may compute (None: no cap): none in a
-        fast-lane step (:meth:`_fast_lane`), ``interactive_batch_rows`` while an interactive
-        sequence runs or waits, else no cap."""
+        fast-lane step (:meth:`_fast_lane`); while an interactive sequence runs or waits,
+        those that fit in ``interactive_step_s`` beside the interactive rows (at least
+        ``MIN_CAPPED_BATCH_ROWS``, so the batch goes on) and at most
+        ``interactive_batch_rows``; else no cap."""
         self.fast_lane_last = self._fast_lane()
         if self.fast_lane_last:
             return 0
-        if not self.interactive_batch_rows:
+        if not (self.interactive_batch_rows or self.interactive_step_s):
             return None
-        present = any(not s.is_batch for s in chain(self.running, self.waiting))
-        return self.interactive_batch_rows if present else None
+        interactive = [s for s in chain(self.running, self.waiting) if not s.is_batch]
+        if not interactive:
+            return None
+        caps = [self.interactive_batch_rows] if self.interactive_batch_rows else []
+        fitting = self.step_time.rows_within(self.interactive_step_s) if self.interactive_step_s else None
+        if fitting is not None:
+            interactive_rows = sum(1 for s in interactive if s.status is SequenceStatus.RUNNING)
+            caps.append(max(MIN_CAPPED_BATCH_ROWS, fitting - interactive_rows))
+        return min(caps) if caps else None
 
     def _fast_lane(self) -> bool:
         """Whether this step computes interactive work only: a newly arrived interactive

@@ -57,13 +57,16 @@ class EngineArgs:
     # ...and waiting interactive requests are admitted before batch ones, preempting the
     # lowest-value batch sequence when slots or KV blocks are full.
     interactive_priority: bool = True
-    # While interactive requests run or wait, a step computes at most this many rows of
-    # batch sequences (0: no cap); the running batch sequences take turns, so each still
-    # advances every few steps. Short steps are what an interactive request waits on: the
-    # one in progress when it arrives, and the one that computes its prompt (64: on the
-    # mixed-load benchmark, TTFT p99 under a batch backlog 1.9 s -> 0.55 s for the same
-    # batch tokens/s, docs/benchmarks.md).
-    interactive_batch_rows: int = 64
+    # While interactive requests run or wait, the steps stay short: the step in progress
+    # when a request arrives is what it waits on first. A step then computes only as many
+    # rows of batch work as fit in about this many milliseconds (the engine's own recent
+    # steps tell how many: worker.engine.step_time_model), the running batch sequences
+    # taking turns so each still advances every few steps (0: no time target). On two CPU
+    # cores 100 ms is about 25 rows of SmolLM2; on a GPU, where a step costs about the same
+    # whatever its rows, it bounds nothing (docs/benchmarks.md, "step budget")...
+    interactive_step_ms: float = 100.0
+    # ...and at most this many batch rows, whatever the time (0: no fixed cap).
+    interactive_batch_rows: int = 0
     # A step that would admit a newly arrived interactive request computes no batch rows at
     # all (never two such steps in a row, so arrivals cannot stop the batch): the arrival's
     # prompt waits on a step of interactive work only, not on a capped batch step (needs
@@ -88,9 +91,9 @@ class EngineArgs:
         if self.swap_space < 0 or self.swap_min_tokens < 1:
             raise InvalidRequestError("swap_space must be >= 0 bytes and swap_min_tokens >= 1")
         if (self.interactive_reserve_seqs < 0 or self.interactive_reserve_tokens < 0
-                or self.interactive_batch_rows < 0):
-            raise InvalidRequestError("interactive_reserve_seqs, interactive_reserve_tokens "
-                                      "and interactive_batch_rows must be >= 0")
+                or self.interactive_batch_rows < 0 or not self.interactive_step_ms >= 0):
+            raise InvalidRequestError("interactive_reserve_seqs, interactive_reserve_tokens, "
+                                      "interactive_batch_rows and interactive_step_ms must be >= 0")
         if self.max_num_seqs < 1:
             raise InvalidRequestError(f"max_num_seqs={self.max_num_seqs}: must be >= 1")
         if self.max_num_batched_tokens < 1:

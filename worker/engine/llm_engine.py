@@ -63,6 +63,7 @@ class LLMEngine:
             interactive_reserve_tokens=args.interactive_reserve_tokens,
             interactive_priority=args.interactive_priority,
             interactive_batch_rows=args.interactive_batch_rows,
+            interactive_step_ms=args.interactive_step_ms,
             interactive_fast_lane=args.interactive_fast_lane,
         )
         self.sampler = Sampler(eos_token_ids=runner.eos_token_ids, device=runner.device, seed=args.seed)
@@ -212,7 +213,7 @@ class LLMEngine:
                num_accepted: int) -> StepStats:
         """The step's StepStats; the step and draft counters move on."""
         stats = step_stats(self.step_index, plan, self.scheduler, outputs, timer, num_accepted)
-        self.scheduler.charge_time(plan, stats.seconds)
+        self.scheduler.record_step_time(plan, stats.seconds)
         self.step_index += 1
         self.total_draft_tokens += stats.num_draft_tokens
         self.total_accepted_tokens += num_accepted

@@ -28,6 +28,7 @@ from worker.engine.block_manager import BlockManager
 from worker.engine.scheduling_policy import SHIELD_AFTER_PREEMPTIONS, TenantLedger
 from worker.engine.sequence import Sequence, SequenceStatus
 from worker.engine.step_plan import Appended, SampledStep, ScheduledSequence, SchedulerOutput
+from worker.engine.step_time_model import StepTimeModel
 from worker.engine.stopping import StopChecker
 from worker.engine.swap import SwapManager
 
@@ -54,6 +55,7 @@ class Scheduler(Admission):
         interactive_reserve_tokens: int = 0,
         interactive_priority: bool = False,
         interactive_batch_rows: int = 0,
+        interactive_step_ms: float = 0.0,
         interactive_fast_lane: bool = False,
     ) -> None:
         self.block_manager = block_manager
@@ -75,6 +77,8 @@ class Scheduler(Admission):
         self.reserve_tokens = min(interactive_reserve_tokens, max_num_batched_tokens // 4) if classes else 0
         self.interactive_priority = interactive_priority and classes
         self.interactive_batch_rows = interactive_batch_rows if classes else 0
+        self.interactive_step_s = interactive_step_ms / 1000 if classes else 0.0
+        self.step_time = StepTimeModel()  # what a step of so many rows takes here, lately
         # arrivals are admitted ahead of batch work only under interactive priority
         self.interactive_fast_lane = interactive_fast_lane and self.interactive_priority
         self.fast_lane_last = False  # whether the last step planned was a fast-lane step
@@ -152,15 +156,15 @@ class Scheduler(Admission):
                 metrics.last_step = step
         return out
 
-    def charge_time(self, plan: SchedulerOutput, seconds: float) -> None:
-        """Charge a step's wall time to the tenants of its rows (an engine-seconds
-        ledger; a token ledger was charged as the step was planned)."""
-        if self.ledger.unit != "engine_seconds":
-            return
+    def record_step_time(self, plan: SchedulerOutput, seconds: float) -> None:
+        """A step's wall time: learnt by the step-time model (the interactive step budget)
+        and, under an engine-seconds ledger, charged to the tenants of its rows (a token
+        ledger was charged as the step was planned)."""
         rows: dict[str | None, int] = {}
         for s in plan.scheduled:
             if not s.is_pad:
                 rows[s.seq.tenant] = rows.get(s.seq.tenant, 0) + s.num_new_tokens
+        self.step_time.observe(sum(rows.values()), seconds)
         self.ledger.charge_step(seconds, rows)
 
     def fork(self, plan: SchedulerOutput) -> list[tuple[Sequence, int]]:
