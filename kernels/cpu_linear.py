@@ -2,7 +2,7 @@
 (``csrc/linear_cpu.cpp``); the reference is ``torch.nn.functional.linear``.
 
 :func:`pack` lays a weight ``[N, K]`` out as ``[P, K, W]``: panels of W output columns
-(32 floats with AVX-512, 16 with AVX2: two vectors), each one contiguous run, zero-padded
+(48 floats with AVX-512, 24 with AVX2: three vectors), each one contiguous run, zero-padded
 past N. :func:`linear` then computes ``x W^T + b`` by register tiles that stream each panel
 once per block of rows, threads splitting the panels. Its point is the decode step's few
 rows, where the matmul is bound by reading the weights: oneDNN's prepacked path reads

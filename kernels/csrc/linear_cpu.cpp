@@ -34,15 +34,21 @@ using inflight_cpu::vf;
 
 // Tile shape and blocking (override with -D for tuning; kernels/cpu_linear.py builds the
 // defaults). AVX-512: 8 rows x 3 vectors (48 columns) = 24 sums + 3 panel vectors + 1
-// broadcast of the 32 registers; AVX2: 6 rows x 2 vectors = 12 sums + 2 + 1 of 16. Measured
-// on an AMD EPYC with AVX-512, one thread, SmolLM2's projections: 8 x 48 ran 12 x 32's
-// decode rates and reached oneDNN's at 64-256 rows, where 12 x 32 stayed 10-25% behind.
+// broadcast of the 32 registers; AVX2: 4 rows x 3 vectors (24 columns) = 12 sums + 3 + 1
+// of 16. Measured on an AMD EPYC with AVX-512, one thread, SmolLM2's projections: 8 x 48
+// ran 12 x 32's decode rates and reached oneDNN's at 64-256 rows, where 12 x 32 stayed
+// 10-25% behind. On an AVX2-only AMD EPYC (Zen 4), two threads, all of SmolLM2's linears
+// back to back, against 6 x 16: 0.84x the time at 1 row, 0.89x at 4, 0.83x at 8, 0.93x
+// at 16, the same at 64 and 256 (medians of paired runs; docs/kernels.md). With 6 x 16, 8
+// rows were a 6-row tile and a 2-row one whose 4 FMA chains wait on the FMA latency, and
+// a single row had 2 chains against 3 now; 2 x 32 read 1-2 rows fastest but lost 23-44%
+// from 8 rows on.
 #if defined(__AVX512F__)
 #define LINEAR_DEFAULT_NV 3
 #define LINEAR_DEFAULT_MR 8
 #else
-#define LINEAR_DEFAULT_NV 2
-#define LINEAR_DEFAULT_MR 6
+#define LINEAR_DEFAULT_NV 3
+#define LINEAR_DEFAULT_MR 4
 #endif
 #ifndef LINEAR_NV
 #define LINEAR_NV LINEAR_DEFAULT_NV
