@@ -22,9 +22,9 @@ While an interactive sequence runs or waits, a step computes only the rows of ba
 that fit in ``interactive_step_s`` (what a step of so many rows takes is learnt from the
 recent steps: ``step_time_model``) and at most ``interactive_batch_rows``, the batch
 runners taking turns (each advancing every few steps), so the step an interactive request
-waits on, and the one computing its prompt, stay short. With ``interactive_fast_lane`` the step that admits a newly arrived
-interactive request computes no batch rows at all (never two such steps in a row), so its
-prompt waits on a step of interactive work only.
+waits on, and the one computing its prompt, stay short. With ``interactive_fast_lane`` the
+step that admits a newly arrived interactive request computes no batch rows at all (never
+two such steps in a row), so its prompt waits on a step of interactive work only.
 
 The ``static`` policy reproduces request-level batching: a cohort is admitted only when
 nothing runs, and runs until its longest member ends. ``static-padded`` is the same
