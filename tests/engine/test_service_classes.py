@@ -12,7 +12,7 @@ import pytest
 from cli.engine_flags import add_engine_flags, engine_kwargs_from
 from tests.conftest import prompt_token_lists
 from tests.engine.test_policies import NO_STOPS
-from worker.engine import LLMEngine, SamplingParams
+from worker.engine import InvalidRequestError, LLMEngine, SamplingParams
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineArgs
 from worker.engine.outputs import RequestMetrics
@@ -359,3 +359,10 @@ def test_engine_steps_teach_the_step_time_model_and_the_flags_set_the_budget() -
     parser = argparse.ArgumentParser()
     add_engine_flags(parser)
     assert engine_kwargs_from(parser.parse_args(["--interactive-step-ms", "250"]))["interactive_step_ms"] == 250.0
+
+
+def test_a_negative_or_nan_step_budget_or_reserve_is_refused_clearly() -> None:
+    for bad in ({"interactive_step_ms": -1.0}, {"interactive_step_ms": float("nan")},
+                {"interactive_batch_rows": -1}, {"interactive_reserve_seqs": -1}):
+        with pytest.raises(InvalidRequestError, match="interactive_step_ms must be >= 0"):
+            EngineArgs(**bad)  # type: ignore[arg-type]
