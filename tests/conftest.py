@@ -20,6 +20,28 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(skip)
 
 
+class EarlyFailureLines:
+    """Prints why each of the first failures failed as it happens, not only at the
+    end: a run cut short (CI's time limit) still says why its first tests failed."""
+
+    def __init__(self, config, limit: int = 20) -> None:
+        self.config = config
+        self.left = limit
+
+    def pytest_runtest_logreport(self, report) -> None:
+        reporter = self.config.pluginmanager.getplugin("terminalreporter")
+        if not report.failed or self.left <= 0 or reporter is None:
+            return
+        self.left -= 1
+        crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", None)
+        why = crash or (str(report.longrepr).strip().splitlines() or [""])[-1]
+        reporter.write_line(f"\n{report.when} failed: {report.nodeid}: {' | '.join(why.splitlines())[:300]}")
+
+
+def pytest_configure(config) -> None:
+    config.pluginmanager.register(EarlyFailureLines(config), "early-failure-lines")
+
+
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory):
     """A three-node Redis Cluster on loopback made for this session (skipped, saying why,
