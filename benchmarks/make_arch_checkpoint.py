@@ -1,12 +1,13 @@
 """Write a checkpoint of a real model's shape with seeded random weights (no download), for
 ``inflight bench --model DIR`` against vLLM on the same files.
 
-Usage: ``python benchmarks/make_arch_checkpoint.py qwen3-0.6b /tmp/qwen3-0.6b``; the shapes
+Usage: ``.venv/bin/python -m benchmarks.make_arch_checkpoint qwen3-0.6b /tmp/qwen3-0.6b``; the shapes
 are ``benchmarks/gpucheck/arch_models.py``'s ``BENCH_ARCHS`` (configs copied from the
 published ``config.json``; ``qwen3-moe-small`` is Qwen3-30B-A3B cut to 6 layers and 32
-experts). Weights are bf16 (the engines convert them to the run's ``--dtype``), the
-tokenizer is the tiny test one (the bench's workloads are token ids, mapped into the
-vocabulary), so greedy output is meaningless text of the requested length (``ignore_eos``).
+experts, ``qwen3-moe-12l`` the same with 12 layers). Weights are bf16 (the engines convert
+them to the run's ``--dtype``), the tokenizer is the tiny test one (the bench's workloads
+are token ids, mapped into the vocabulary), so greedy output is meaningless text of the
+requested length (``ignore_eos``).
 """
 
 from __future__ import annotations

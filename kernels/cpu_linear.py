@@ -58,3 +58,13 @@ def linear(x: torch.Tensor,  # [M, K]
            ext: ModuleType | None = None) -> torch.Tensor:  # [M, N]
     """``x W^T + b`` from a weight packed by :func:`pack` (the same build)."""
     return (ext or load()).linear(x, packed, out_features, bias)
+
+
+def grouped_linear(x: torch.Tensor,  # [M, K], rows grouped by expert
+                   offsets: list[int],  # [E + 1], expert e's rows are offsets[e]..offsets[e+1]
+                   packed: list[torch.Tensor],  # E x [P, K, W] from pack(), one shape
+                   out_features: int,
+                   ext: ModuleType | None = None) -> torch.Tensor:  # [M, N]
+    """Each expert's rows times its packed weight in one call (no bias): what a call of
+    :func:`linear` per expert gives, with one thread pool over every expert's panels."""
+    return (ext or load()).grouped_linear(x, offsets, packed, out_features)

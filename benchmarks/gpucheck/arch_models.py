@@ -53,9 +53,13 @@ QWEN3_MOE_SMALL: dict[str, Any] = {
     "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False,
     "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu",
 }
+# The same with 12 of its 48 layers (10.7 GB in fp32): the experts, not the 151,936-token
+# head, take most of a wide step (the 6-layer cut is bound by the head).
+QWEN3_MOE_12_LAYERS: dict[str, Any] = {**QWEN3_MOE_SMALL, "num_hidden_layers": 12}
 ARCHS = {"llama-3.2-1b": LLAMA_3_2_1B, "qwen2.5-0.5b": QWEN2_5_0_5B}
 # Real-shape checkpoints for `benchmarks/make_arch_checkpoint.py` (the CPU comparison with vLLM).
-BENCH_ARCHS = {**ARCHS, "qwen3-0.6b": QWEN3_0_6B, "qwen3-moe-small": QWEN3_MOE_SMALL}
+BENCH_ARCHS = {**ARCHS, "qwen3-0.6b": QWEN3_0_6B, "qwen3-moe-small": QWEN3_MOE_SMALL,
+               "qwen3-moe-12l": QWEN3_MOE_12_LAYERS}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja")
 

@@ -23,6 +23,7 @@
 
 #include <array>
 #include <utility>
+#include <vector>
 
 #include "cpu_vec.h"
 
@@ -225,6 +226,50 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, int64_
   return y;
 }
 
+// A mixture of experts' matmuls in one call: x [M, K] holds the rows routed to each expert
+// one expert after another, rows offsets[e]..offsets[e+1] going to packed[e] ([P, K, kNr],
+// every expert the same shape) -> [M, n]. The work items are (expert, panel) pairs of the
+// experts that have rows, split between the threads; each runs exactly what linear() runs
+// for that expert's rows and panel, so the result is the one of a call per expert.
+torch::Tensor grouped_linear(const torch::Tensor& x, const std::vector<int64_t>& offsets,
+                             const std::vector<torch::Tensor>& packed, int64_t n) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be a float32 [M, K] matrix");
+  TORCH_CHECK(!packed.empty() && offsets.size() == packed.size() + 1,
+              "offsets must hold one more entry than there are experts");
+  const int64_t m = x.size(0), k = x.size(1), panels = packed[0].size(0);
+  TORCH_CHECK(offsets.front() == 0 && offsets.back() == m, "offsets must run from 0 to ", m);
+  TORCH_CHECK(n > (panels - 1) * kNr && n <= panels * kNr, "n=", n, " does not match ", panels, " panels");
+  std::vector<const float*> weights(packed.size());
+  std::vector<std::pair<int64_t, int64_t>> items;  // (expert, panel) of the experts with rows
+  for (size_t e = 0; e < packed.size(); ++e) {
+    const torch::Tensor& w = packed[e];
+    TORCH_CHECK(w.dim() == 3 && w.size(0) == panels && w.size(1) == k && w.size(2) == kNr &&
+                    w.is_contiguous() && w.scalar_type() == torch::kFloat32,
+                "expert ", e, "'s packed weight must be a contiguous float32 [", panels, ", ", k, ", ",
+                kNr, "] tensor");
+    TORCH_CHECK(offsets[e + 1] >= offsets[e], "offsets must not decrease");
+    weights[e] = w.data_ptr<float>();
+    if (offsets[e + 1] > offsets[e]) {
+      for (int64_t p = 0; p < panels; ++p) items.emplace_back(static_cast<int64_t>(e), p);
+    }
+  }
+  auto y = torch::empty({m, n}, x.options());
+  if (m == 0 || n == 0) return y;
+  if (k == 0) return y.zero_();
+  torch::Tensor xs = x.stride(1) == 1 ? x : x.contiguous();
+  const float* xp = xs.data_ptr<float>();
+  const int64_t lda = xs.stride(0);
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const auto [e, p] = items[i];
+      const int64_t first = offsets[e], rows = offsets[e + 1] - first;
+      run_panels(xp + first * lda, lda, weights[e], nullptr, yp + first * n, rows, n, k, p, p + 1);
+    }
+  });
+  return y;
+}
+
 // The matmul runs without the GIL (as every kernel entry point: paged_attention_cpu.cpp),
 // so the worker's other threads never wait out a step's linears for the interpreter.
 using NoGil = pybind11::call_guard<pybind11::gil_scoped_release>;
@@ -233,4 +278,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("panel_width", &panel_width, "output columns per packed panel (kNv vectors)");
   mod.def("linear", &linear, "x W^T + b from a weight packed into column panels (fp32)",
           NoGil());
+  mod.def("grouped_linear", &grouped_linear,
+          "each expert's rows times its packed weight, every expert in one call (fp32)", NoGil());
 }

@@ -78,3 +78,37 @@ def test_refuses_mismatched_shapes(ext) -> None:
         cpu_linear.linear(torch.randn(2, 16), panels, 1000, None, ext)
     with pytest.raises(RuntimeError, match="float32"):
         cpu_linear.linear(torch.randn(2, 16, dtype=torch.float64), panels, 10, None, ext)
+
+
+@pytest.mark.parametrize("counts", [[0, 1, 0, 2, 5], [13, 0, 0, 40, 300], [0, 0, 0, 1, 0], [0, 0, 0, 0, 0]])
+def test_grouped_linear_is_a_call_per_expert_to_the_bit(ext, counts: list[int]) -> None:
+    """Experts' rows one after another (none for some): each expert's rows equal, bit for
+    bit, what ``linear`` gives them alone, and they match the reference."""
+    gen = torch.Generator().manual_seed(sum(counts))
+    weights = [torch.randn(49, 385, generator=gen) for _ in counts]  # E x [N, K], N not a whole panel
+    packed = [cpu_linear.pack(w, ext) for w in weights]
+    wide = torch.randn(sum(counts), 400, generator=gen)
+    x = wide[:, 5:390]  # [M, 385], strided rows
+    offsets = [0]
+    for count in counts:
+        offsets.append(offsets[-1] + count)
+    y = cpu_linear.grouped_linear(x, offsets, packed, 49, ext)
+    assert y.shape == (sum(counts), 49)
+    for e, w in enumerate(weights):
+        rows = slice(offsets[e], offsets[e + 1])
+        assert torch.equal(y[rows], cpu_linear.linear(x[rows], packed[e], 49, None, ext))
+        torch.testing.assert_close(y[rows], _reference(x[rows], w, None), rtol=1e-5, atol=1e-3)
+
+
+def test_grouped_linear_refuses_bad_offsets_and_shapes(ext) -> None:
+    packed = [cpu_linear.pack(torch.randn(8, 16), ext) for _ in range(3)]
+    x = torch.randn(4, 16)
+    with pytest.raises(RuntimeError, match="one more entry"):
+        cpu_linear.grouped_linear(x, [0, 4], packed, 8, ext)
+    with pytest.raises(RuntimeError, match="from 0 to 4"):
+        cpu_linear.grouped_linear(x, [0, 1, 2, 3], packed, 8, ext)
+    with pytest.raises(RuntimeError, match="must not decrease"):
+        cpu_linear.grouped_linear(x, [0, 3, 2, 4], packed, 8, ext)
+    other = [*packed[:2], cpu_linear.pack(torch.randn(8, 12), ext)]
+    with pytest.raises(RuntimeError, match="expert 2"):
+        cpu_linear.grouped_linear(x, [0, 1, 2, 4], other, 8, ext)

@@ -84,6 +84,30 @@ class PanelMatmul:
         return self.ext.linear(x, self.panels, self.out_features, bias)
 
 
+class GroupedPanelMatmul:
+    """Every expert's fp32 weight of one MoE projection in the native panels, multiplied in
+    one call: rows grouped by expert, ``offsets[e]..offsets[e+1]`` going to expert e."""
+
+    def __init__(self, experts: list[PanelMatmul]) -> None:
+        self.ext, self.out_features = experts[0].ext, experts[0].out_features
+        self.panels = [expert.panels for expert in experts]  # E x [P, in, W]
+
+    def __call__(self, x: torch.Tensor, offsets: list[int]) -> torch.Tensor:  # [M, in] -> [M, out]
+        return self.ext.grouped_linear(x, offsets, self.panels, self.out_features)
+
+
+def group_experts(experts: list[PackedMatmul]) -> GroupedPanelMatmul | None:
+    """One call for all of ``experts`` where each is in the native panels of one build and
+    one shape; else None (the experts run one call each)."""
+    if not experts or not all(isinstance(e, PanelMatmul) for e in experts):
+        return None
+    panels = [e for e in experts if isinstance(e, PanelMatmul)]
+    first = panels[0]
+    if any(e.ext is not first.ext or e.panels.shape != first.panels.shape for e in panels):
+        return None
+    return GroupedPanelMatmul(panels)
+
+
 def packer_for(dtype: torch.dtype) -> Packer | None:
     """How to pack a weight of ``dtype`` here: the native panels for fp32 (unless
     ``INFLIGHT_CPU_LINEAR=onednn``, or where the kernel cannot build), oneDNN where it has

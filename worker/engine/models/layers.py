@@ -9,6 +9,8 @@ name. Parameter names follow the Hugging Face checkpoints (``self_attn``, ``mlp`
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,7 +18,7 @@ from torch import nn
 from kernels import AttentionBackend
 from kernels.cpu_fused import LayerOps
 from worker.engine.attention_metadata import AttentionMetadata
-from worker.engine.models.cpu_linear import PackedMatmul, Packer
+from worker.engine.models.cpu_linear import GroupedPanelMatmul, PackedMatmul, Packer, group_experts
 from worker.engine.models.rope import rope_partial_
 from worker.engine.models.spec import ArchSpec, MoESpec
 
@@ -138,7 +140,9 @@ class MLP(nn.Module):
 class MoE(nn.Module):
     """Sparse mixture of SwiGLU experts: a softmax router picks ``top_k`` experts per token
     and each expert runs once over all the tokens routed to it (grouped by expert, one
-    matmul pair per expert that has tokens; no loop over tokens).
+    matmul pair per expert that has tokens; no loop over tokens). With the experts packed
+    into the native CPU panels, each projection of every expert is one call
+    (``GroupedPanelMatmul``), and the activation and the weighted sum run once a layer.
 
     ``w13[e]`` is expert e's gate and up projections stacked ``[2 I, H]``; ``w2[e]`` its down
     projection ``[H, I]``. A token's output adds its experts' weighted outputs in expert
@@ -155,11 +159,14 @@ class MoE(nn.Module):
         self.w2 = nn.Parameter(torch.empty(moe.num_experts, spec.hidden_size,
                                            moe.intermediate_size, device=device))  # [E, H, I]
         self.packed: tuple[list[PackedMatmul], list[PackedMatmul]] | None = None  # (w13, w2) per expert
+        self.grouped: tuple[GroupedPanelMatmul, GroupedPanelMatmul] | None = None  # (w13, w2), all experts
 
     def pack_experts(self, pack: Packer) -> int:
         """Pack every expert's two weights once (CPU, ``cpu_linear``) and drop the stacked copies;
         the router stays a plain linear (it is one small matmul); returns weights packed."""
         self.packed = ([pack(w) for w in self.w13], [pack(w) for w in self.w2])
+        w13, w2 = group_experts(self.packed[0]), group_experts(self.packed[1])
+        self.grouped = None if w13 is None or w2 is None else (w13, w2)
         self.w13 = nn.Parameter(self.w13.new_empty(0), requires_grad=False)
         self.w2 = nn.Parameter(self.w2.new_empty(0), requires_grad=False)
         return 2 * self.num_experts
@@ -184,6 +191,11 @@ class MoE(nn.Module):
         pair_weights = weights.flatten()[order].unsqueeze(1)  # [T * k, 1]
         inputs = x[token_of]  # [T * k, hidden]
         out = torch.zeros_like(x)  # [T, hidden]
+        if self.grouped is not None:  # every expert in one call per projection
+            offsets = [0, *itertools.accumulate(counts)]  # [E + 1]
+            hidden = gated_activation(self.grouped[0](inputs, offsets), self.activation, ops)  # [T * k, I]
+            y = self.grouped[1](hidden, offsets) * pair_weights  # [T * k, hidden]
+            return out.index_add_(0, token_of, y)  # in expert order per token, as below
         start = 0
         for expert, count in enumerate(counts):
             if not count:
