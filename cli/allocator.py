@@ -84,3 +84,23 @@ def restart_with_tcmalloc() -> None:
     except OSError as exc:  # the interpreter cannot be started again: go on with glibc's
         print(f"inflight: not restarting on tcmalloc ({exc}); running on the system allocator",
               file=sys.stderr)
+
+
+def release_free_memory() -> str | None:
+    """Hand the memory this process has freed back to the system: tcmalloc keeps freed
+    pages for reuse (and glibc's malloc the top of its heap), so a process that dropped a
+    model still looks that large to the next one to start (vLLM sizes its KV cache by what
+    it finds free). Returns the call made, or None where neither allocator answers."""
+    import ctypes
+
+    process = ctypes.CDLL(None)  # the symbols already loaded: a preloaded tcmalloc first
+    for name in ("MallocExtension_ReleaseFreeMemory", "malloc_trim"):
+        function = getattr(process, name, None)
+        if function is None:
+            continue
+        if name == "malloc_trim":
+            function(ctypes.c_size_t(0))
+        else:
+            function()
+        return name
+    return None

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cli.allocator import release_free_memory
 from cli.bench.machine import machine_description
 from cli.bench.metrics import DEFINITIONS, fcfs_steps, ratio, static_steps
 from cli.bench.report import agreement, ratios_of, targets_of
@@ -197,6 +198,7 @@ def run_benchmark(opts: BenchOptions, say: Callable[[str], None] = print) -> dic
             write()
         del engine
         gc.collect()
+        release_free_memory()  # the peer sizes its KV cache by the memory it finds free
     if "vllm" in opts.configs:
         say("running vllm (its own environment; load and compilation are not timed)"
             + (", searching its settings" if opts.peer_search else "") + " ...")
