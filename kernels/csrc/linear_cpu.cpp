@@ -14,6 +14,13 @@
 // units' rate. Threads split the panels (output columns) between them: no two write one
 // output, and each reads only its share of the weight.
 //
+// The memory is kept busy while the FMAs run: every line of the panel block to be read
+// next is asked for (into L2) during the current block, spread over its register tiles and
+// their k steps (Ahead), so reading the next block overlaps the arithmetic on this one at
+// every row count (docs/kernels.md: 0.75-0.90x the time from 1 to 256 rows on an Intel
+// Xeon). Without it the reads waited on the arithmetic: the second and later tiles of a
+// block ran from cache with the memory idle.
+//
 // Every output row is computed by the same sequence of operations whatever the number of
 // rows, its block or its place in a tile: sums over k in blocks of kKc, one FMA chain per
 // block, each block's sum added to the output in k order, then the bias. A sequence's
@@ -63,11 +70,15 @@ using inflight_cpu::vf;
 #ifndef LINEAR_MC_ROWS
 #define LINEAR_MC_ROWS 128
 #endif
-// Floats ahead of the tile's k at which the panel's lines are asked for (8 KB): the
-// hardware prefetcher alone left a decode step's 8-16 rows at 60-70% of the read rate;
-// with it 8 rows stream at the rate of one (15.3 against 15.1 ms for SmolLM2, one thread).
+// Floats ahead of the tile's k at which the current panel's lines are also asked for (into
+// L1), 0 for none, the default. This near prefetch (8 KB ahead) was what first brought a
+// decode step's 8-16 rows to the read rate of one (the hardware prefetcher alone left them
+// at 60-70% on an AMD EPYC); since the whole next block is asked for (Ahead), it only costs:
+// on an Intel Xeon with both, 1 row took 1.14x and 4-32 rows 1.01-1.05x the time of the
+// ahead prefetch alone (both builds; docs/kernels.md). Not re-measured on AMD: try
+// -DLINEAR_PF=2048 there.
 #ifndef LINEAR_PF
-#define LINEAR_PF 2048
+#define LINEAR_PF 0
 #endif
 constexpr int kNv = LINEAR_NV;  // vectors per panel row
 constexpr int kNr = kNv * kLanes;  // columns of a panel
@@ -99,10 +110,23 @@ inline vf loadu(const float* p) {
   return r;
 }
 
+// A share of the lines of the panel block to be read after the current one, asked for into
+// L2 `per_k` lines per k step of a register tile, until the share is done.
+struct Ahead {
+  const char* next = nullptr;  // the next line to ask for
+  const char* end = nullptr;   // one past the share's last line
+  int64_t per_k = 0;
+
+  inline void step() {
+    for (int64_t j = 0; j < per_k && next < end; ++j, next += 64) _mm_prefetch(next, _MM_HINT_T1);
+  }
+};
+
 // The sums of one register tile: rows [0, MR) of `a` (row stride lda) times a panel block
-// `b` ([kc][kNr]), one FMA chain per row and vector over k.
+// `b` ([kc][kNr]), one FMA chain per row and vector over k; `ahead` is asked for meanwhile.
 template <int MR>
-inline void tile_sums(int64_t kc, const float* a, int64_t lda, const float* b, vf (&sum)[MR][kNv]) {
+inline void tile_sums(int64_t kc, const float* a, int64_t lda, const float* b, vf (&sum)[MR][kNv],
+                      Ahead ahead) {
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
@@ -111,9 +135,12 @@ inline void tile_sums(int64_t kc, const float* a, int64_t lda, const float* b, v
     vf bv[kNv];
 #pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v) bv[v] = loadu(b + k * kNr + v * kLanes);
+#if LINEAR_PF > 0
 #pragma GCC unroll 4
     for (int o = 0; o < kNr; o += 16)  // each 64-byte line of the panel row
       _mm_prefetch(reinterpret_cast<const char*>(b + k * kNr + o + LINEAR_PF), _MM_HINT_T0);
+#endif
+    ahead.step();
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const vf x = broadcast(a + i * lda + k);
@@ -128,9 +155,9 @@ inline void tile_sums(int64_t kc, const float* a, int64_t lda, const float* b, v
 // than kNr (`cols`, the weight's last) writes only its first `cols` columns.
 template <int MR>
 void tile(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int64_t ldc,
-          bool accumulate, const float* bias, int cols) {
+          bool accumulate, const float* bias, int cols, Ahead ahead) {
   vf sum[MR][kNv];
-  tile_sums<MR>(kc, a, lda, b, sum);
+  tile_sums<MR>(kc, a, lda, b, sum, ahead);
   if (cols == kNr) {
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
@@ -158,7 +185,7 @@ void tile(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int
 }
 
 using TileFn = void (*)(int64_t, const float*, int64_t, const float*, float*, int64_t, bool,
-                        const float*, int);
+                        const float*, int, Ahead);
 
 template <int... R>
 constexpr std::array<TileFn, sizeof...(R)> tiles(std::integer_sequence<int, R...>) {
@@ -166,12 +193,30 @@ constexpr std::array<TileFn, sizeof...(R)> tiles(std::integer_sequence<int, R...
 }
 constexpr auto kTiles = tiles(std::make_integer_sequence<int, kMr>{});
 
+// The panel block read after block k0 of panel p in row block r0 ([kc][kNr] floats from
+// the pointer; kc 0 when none follows in this call): the panel's next k block, the next
+// panel's first, the first panel's again for the next row block, or `after` (the first
+// block of the caller's next call, or null).
+std::pair<const float*, int64_t> following_block(const float* w, int64_t m, int64_t k, int64_t p_begin,
+                                                 int64_t p_end, int64_t r0, int64_t p, int64_t k0,
+                                                 const float* after) {
+  if (k0 + kKc < k) return {w + (p * k + k0 + kKc) * kNr, std::min(kKc, k - k0 - kKc)};
+  if (p + 1 < p_end) return {w + (p + 1) * k * kNr, std::min(kKc, k)};
+  if (r0 + kMc < m) return {w + p_begin * k * kNr, std::min(kKc, k)};
+  return {after, after ? std::min(kKc, k) : 0};
+}
+
 // Panels [p_begin, p_end) for every row: rows in blocks of kMc, each block over the panels,
-// each panel over its k blocks, each k block over the block's register tiles.
+// each panel over its k blocks, each k block over the block's register tiles, which ask for
+// the following block's lines between them (Ahead), tile t for the t-th share. `after` is
+// the first panel block the caller reads next (its lines are asked for during the last
+// block), or null.
 void run_panels(const float* x, int64_t lda, const float* w, const float* bias, float* y,
-                int64_t m, int64_t n, int64_t k, int64_t p_begin, int64_t p_end) {
+                int64_t m, int64_t n, int64_t k, int64_t p_begin, int64_t p_end,
+                const float* after = nullptr) {
   for (int64_t r0 = 0; r0 < m; r0 += kMc) {
     const int64_t rows = std::min(kMc, m - r0);
+    const int64_t tiles = (rows + kMr - 1) / kMr;
     for (int64_t p = p_begin; p < p_end; ++p) {
       const float* panel = w + p * k * kNr;  // [k][kNr]
       const int64_t col0 = p * kNr;
@@ -180,11 +225,20 @@ void run_panels(const float* x, int64_t lda, const float* w, const float* bias, 
         const int64_t kc = std::min(kKc, k - k0);
         const bool accumulate = k0 > 0, last = k0 + kc == k;
         const float* b = bias && last ? bias + col0 : nullptr;
-        for (int64_t i0 = 0; i0 < rows; i0 += kMr) {
+        const auto [next, next_kc] = following_block(w, m, k, p_begin, p_end, r0, p, k0, after);
+        const int64_t lines = next_kc * kNr * static_cast<int64_t>(sizeof(float)) / 64;
+        const int64_t share = (lines + tiles - 1) / tiles;  // lines per tile
+        const char* next_bytes = reinterpret_cast<const char*>(next);
+        for (int64_t i0 = 0, t = 0; i0 < rows; i0 += kMr, ++t) {
           const int mr = static_cast<int>(std::min<int64_t>(kMr, rows - i0));
           const float* a = x + (r0 + i0) * lda + k0;
           float* c = y + (r0 + i0) * n + col0;
-          kTiles[mr - 1](kc, a, lda, panel + k0 * kNr, c, n, accumulate, b, cols);
+          Ahead ahead;
+          if (next != nullptr) {
+            const int64_t from = std::min(lines, t * share), to = std::min(lines, from + share);
+            ahead = {next_bytes + from * 64, next_bytes + to * 64, (share + kc - 1) / kc};
+          }
+          kTiles[mr - 1](kc, a, lda, panel + k0 * kNr, c, n, accumulate, b, cols, ahead);
         }
       }
     }
@@ -264,7 +318,10 @@ torch::Tensor grouped_linear(const torch::Tensor& x, const std::vector<int64_t>&
     for (int64_t i = begin; i < end; ++i) {
       const auto [e, p] = items[i];
       const int64_t first = offsets[e], rows = offsets[e + 1] - first;
-      run_panels(xp + first * lda, lda, weights[e], nullptr, yp + first * n, rows, n, k, p, p + 1);
+      const float* after = nullptr;  // the next item's first block, read next on this thread
+      if (i + 1 < end) after = weights[items[i + 1].first] + items[i + 1].second * k * kNr;
+      run_panels(xp + first * lda, lda, weights[e], nullptr, yp + first * n, rows, n, k, p, p + 1,
+                 after);
     }
   });
   return y;
