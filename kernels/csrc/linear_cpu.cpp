@@ -73,10 +73,11 @@ using inflight_cpu::vf;
 // Floats ahead of the tile's k at which the current panel's lines are also asked for (into
 // L1), 0 for none, the default. This near prefetch (8 KB ahead) was what first brought a
 // decode step's 8-16 rows to the read rate of one (the hardware prefetcher alone left them
-// at 60-70% on an AMD EPYC); since the whole next block is asked for (Ahead), it only costs:
-// on an Intel Xeon with both, 1 row took 1.14x and 4-32 rows 1.01-1.05x the time of the
-// ahead prefetch alone (both builds; docs/kernels.md). Not re-measured on AMD: try
-// -DLINEAR_PF=2048 there.
+// at 60-70% on an AMD EPYC). With the whole next block asked for (Ahead) it adds little:
+// on an Intel Xeon, with both, 1 row took 1.03-1.14x the time of the ahead request alone
+// in three sets of rounds and 1.01x in a fourth, 4-32 rows 0.96-1.05x (docs/kernels.md);
+// off by default for the shorter loop. Not measured on AMD: benchmarks/linear_builds.py
+// --variant LINEAR_PF=2048 tells.
 #ifndef LINEAR_PF
 #define LINEAR_PF 0
 #endif
