@@ -64,6 +64,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be in (0, 1]")
+    return value
+
+
 def add_parser(subparsers: Any) -> None:
     """Register ``bench`` on the ``inflight`` subparsers."""
     parser = subparsers.add_parser(
@@ -93,6 +100,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--peer-python", type=Path, metavar="PYTHON",
                         help="the peer environment's interpreter "
                              "(default: .peer/vllm-venv/bin/python)")
+    parser.add_argument("--peer-memory-fraction", type=_fraction, metavar="F",
+                        help="the share of memory the peer may reserve (vLLM's "
+                             "gpu_memory_utilization; default 0.5, which leaves a model of "
+                             "more than a third of the machine's memory no room for KV)")
     parser.add_argument("--limit", type=_positive, metavar="N",
                         help="only the first N requests (a quick smoke run)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
@@ -130,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
             model=args.model, workload=path, out_dir=out_dir, configs=configs,
             limit=args.limit, dtype=args.dtype, threads=args.threads,
             num_kv_blocks=args.num_kv_blocks, peer_python=args.peer_python,
-            peer_search=args.peer_search, over_vllm_target=_over_vllm_target(path),
+            peer_search=args.peer_search, peer_memory_fraction=args.peer_memory_fraction,
+            over_vllm_target=_over_vllm_target(path),
             command="inflight " + shlex.join(sys.argv[1:]))
         say(f"== workload {path.name}")
         try:

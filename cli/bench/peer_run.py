@@ -66,10 +66,12 @@ def preload_libraries(python: Path, preload: str = "tcmalloc+iomp") -> str:
 
 
 def run_vllm(*, python: Path, model_dir: Path, workload: Path, out_dir: Path,
-             limit: int | None, threads: int | None, settings: PeerSettings = PeerSettings()
+             limit: int | None, threads: int | None, settings: PeerSettings = PeerSettings(),
+             memory_fraction: float | None = None
              ) -> tuple[dict[str, Any], dict[str, list[int]]]:
     """Run vLLM on ``workload`` with ``settings``; its figures (in the shape of the
-    engine's runs) and each request's output token ids. The child's log goes to
+    engine's runs) and each request's output token ids. ``memory_fraction`` is the share
+    of memory it may reserve (None: ``vllm_run.py``'s default). The child's log goes to
     ``out_dir/vllm.log``."""
     if not Path(python).exists():
         raise OSError(f"no vLLM environment at {python}: run `{SETUP_HINT}` first")
@@ -81,6 +83,8 @@ def run_vllm(*, python: Path, model_dir: Path, workload: Path, out_dir: Path,
         cmd += ["--limit", str(limit)]
     if threads is not None:
         cmd += ["--threads", str(threads)]
+    if memory_fraction is not None:
+        cmd += ["--memory-fraction", str(memory_fraction)]
     if settings.max_num_seqs is not None:
         cmd += ["--max-num-seqs", str(settings.max_num_seqs)]
     if settings.max_num_batched_tokens is not None:

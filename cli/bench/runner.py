@@ -74,6 +74,7 @@ class BenchOptions:
     num_kv_blocks: int | None = None  # None: enough for the whole workload at once
     peer_python: Path | None = None  # the vLLM environment's interpreter (None: default)
     peer_search: bool = False  # try the peer's preloads and batch settings, keep its fastest
+    peer_memory_fraction: float | None = None  # the peer's share of memory (None: its script's)
     over_vllm_target: float = 1.5  # this workload's target for inflight / vllm
     command: str = ""
 
@@ -206,7 +207,8 @@ def run_benchmark(opts: BenchOptions, say: Callable[[str], None] = print) -> dic
         def run_peer(settings: PeerSettings) -> tuple[dict[str, Any], dict[str, list[int]]]:
             return run_vllm(python=opts.peer_python or DEFAULT_PEER_PYTHON, model_dir=model_dir,
                             workload=Path(opts.workload), out_dir=out_dir, limit=opts.limit,
-                            threads=opts.threads, settings=settings)
+                            threads=opts.threads, settings=settings,
+                            memory_fraction=opts.peer_memory_fraction)
 
         if opts.peer_search:
             runs["vllm"], tokens["vllm"] = search_vllm(run_peer, say)

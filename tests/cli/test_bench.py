@@ -146,6 +146,24 @@ def test_without_the_peer_environment_vllm_is_a_clear_error(tmp_path: Path, caps
     assert "setup_vllm.sh" in capsys.readouterr().err
 
 
+def test_the_peer_memory_fraction_reaches_the_peer(tmp_path: Path, capsys) -> None:
+    from cli.bench.peer_run import run_vllm
+
+    python = tmp_path / "venv" / "bin" / "python"  # a stand-in that records its arguments
+    python.parent.mkdir(parents=True)
+    python.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'args'}\n")
+    python.chmod(0o755)
+    for fraction, expected in ((None, None), (0.85, "--memory-fraction 0.85")):
+        with pytest.raises(RuntimeError, match="vLLM exited"):
+            run_vllm(python=python, model_dir=tmp_path, workload=tmp_path / "w.jsonl",
+                     out_dir=tmp_path, limit=None, threads=2, memory_fraction=fraction)
+        args = (tmp_path / "args").read_text()
+        assert (expected in args) if expected else "--memory-fraction" not in args
+    with pytest.raises(SystemExit):
+        main(["bench", "--peer-memory-fraction", "1.5"])
+    assert "must be in (0, 1]" in capsys.readouterr().err
+
+
 def test_report_helpers() -> None:
     from cli.bench.machine import cpu_description
     from cli.bench.report import agreement, ratios_of
