@@ -76,10 +76,20 @@ using inflight_cpu::vf;
 // at 60-70% on an AMD EPYC). With the whole next block asked for (Ahead) it adds little:
 // on an Intel Xeon, with both, 1 row took 1.03-1.14x the time of the ahead request alone
 // in three sets of rounds and 1.01x in a fourth, 4-32 rows 0.96-1.05x (docs/kernels.md);
-// off by default for the shorter loop. Not measured on AMD: benchmarks/linear_builds.py
-// --variant LINEAR_PF=2048 tells.
+// off by default for the shorter loop. On an AMD EPYC Zen 3 it took 0.88x the time at 8
+// rows, 1.02-1.05x at 1 and 64 (docs/kernels.md).
 #ifndef LINEAR_PF
 #define LINEAR_PF 0
+#endif
+// Whether the next block's lines are asked for (Ahead; 0: the hardware prefetcher alone),
+// and into which cache. On an AMD EPYC Zen 3, 0 took 0.85-0.91x the time at 1-2 rows and
+// 1.09-1.16x at 16 (docs/kernels.md); on the Intel Xeon it took 0.75-0.91x the time of the
+// 8 KB-ahead request from 1 to 256 rows (against none it was not measured there).
+#ifndef LINEAR_AHEAD
+#define LINEAR_AHEAD 1
+#endif
+#ifndef LINEAR_AHEAD_HINT
+#define LINEAR_AHEAD_HINT _MM_HINT_T1
 #endif
 constexpr int kNv = LINEAR_NV;  // vectors per panel row
 constexpr int kNr = kNv * kLanes;  // columns of a panel
@@ -119,7 +129,8 @@ struct Ahead {
   int64_t per_k = 0;
 
   inline void step() {
-    for (int64_t j = 0; j < per_k && next < end; ++j, next += 64) _mm_prefetch(next, _MM_HINT_T1);
+    if (!LINEAR_AHEAD) return;
+    for (int64_t j = 0; j < per_k && next < end; ++j, next += 64) _mm_prefetch(next, LINEAR_AHEAD_HINT);
   }
 };
 
