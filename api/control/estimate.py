@@ -16,7 +16,8 @@ expected output tokens, and the steps they take at the concurrency the workers r
 
 The completion time: now plus the engine-seconds of the open work ahead of it and its own,
 divided by what the live workers give to non-interactive work (one engine-second per
-second each, less the share interactive rows took of their recent steps). Workers read
+second each, less the share of their recent time interactive rows took: a worker idle
+between interactive requests has that time for a batch). Workers read
 batch work by its deadline (least slack first, ``worker.queue.slack``), so the work ahead
 of a new batch is the remaining estimate of every open batch due no later than it and every
 open job submitted alone in the batch class due by then (counted by deadline: the work a

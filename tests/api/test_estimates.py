@@ -239,6 +239,63 @@ def test_history_sets_the_expected_output_and_the_beat_re_estimates(est) -> None
     assert abs(view["estimated_completion_at"] - (time.time() + left)) <= 2
 
 
+def _interactive_steps(env: ApiEnv, *, seconds_apart: float, name: str) -> None:
+    """A live worker that ran only interactive requests: 100 steps of 0.1 s each, prompt
+    and output rows in turn, one step every ``seconds_apart`` seconds."""
+    from datetime import timedelta
+
+    from worker.store.base import utcnow
+    from worker.store.crud.workers import register_worker
+    from worker.store.models import Iteration
+
+    start = utcnow() - timedelta(seconds=100 * seconds_apart)
+    with env.ctx.session_factory.begin() as s:
+        register_worker(session=s, worker_id=name, host="h", model="tiny-llama", pid=1)
+        for step in range(100):
+            prefill, decode = ((20 + step, 0) if step % 2 else (0, 1 + step % 3))
+            s.add(Iteration(worker_id=name, step=step,
+                            time=start + timedelta(seconds=step * seconds_apart),
+                            num_running=1, num_waiting=0, num_prefill_tokens=prefill,
+                            num_decode_tokens=decode, kv_blocks_used=1, kv_blocks_total=8,
+                            num_preemptions=0, num_admitted=0, num_finished=0,
+                            schedule_ms=0.0, forward_ms=100.0, sample_ms=0.0,
+                            num_interactive_tokens=prefill + decode))
+
+
+def test_a_worker_idle_between_interactive_requests_has_its_time_for_a_batch(est) -> None:
+    """The interactive share is of the worker's time, not of its steps: every recent step
+    of a worker that ran a few interactive requests was interactive, yet a batch that
+    arrives gets nearly all of it (a quote of 37 h for a few minutes' work refused a batch
+    with a 24 h window after light interactive traffic); back to back, the same steps
+    leave the batch the floor."""
+    from datetime import timedelta
+
+    from sqlalchemy import delete
+
+    from worker.store.crud.throughput import step_costs
+    from worker.store.models import Iteration
+
+    env = est()
+    _interactive_steps(env, seconds_apart=1.0, name="light-worker")
+    with env.ctx.session_factory() as s:
+        light = step_costs(session=s, worker_timeout=timedelta(minutes=1), model="tiny-llama")
+    assert light is not None
+    # 92 measured steps (the first WARM_STEPS left out) of 0.1 s over 91.1 s
+    assert math.isclose(light.interactive_share, 92 * 0.1 / 91.1, rel_tol=1e-3)
+    assert math.isclose(light.batch_capacity, 1 - 92 * 0.1 / 91.1, rel_tol=1e-3)
+    h = env.auth("t-light")
+    q = _batch(env, h, _upload(env, h, _lines(10)), dry_run=True, completion_window="24h").json()
+    assert q["engine_seconds"] > 0 and q["basis"]["interactive_share"] < 0.11
+    assert q["estimated_completion_at"] <= time.time() + q["engine_seconds"] / 0.85 + 1
+    with env.ctx.session_factory.begin() as s:  # the same steps, back to back
+        s.execute(delete(Iteration))
+    _interactive_steps(env, seconds_apart=0.1, name="light-worker")
+    with env.ctx.session_factory() as s:
+        busy = step_costs(session=s, worker_timeout=timedelta(minutes=1), model="tiny-llama")
+    assert busy is not None and math.isclose(busy.interactive_share, 1.0, rel_tol=1e-6)
+    assert busy.batch_capacity == 0.05
+
+
 def test_a_job_quote_creates_nothing(est) -> None:
     env = est()
     h = env.auth("t-job-quote")

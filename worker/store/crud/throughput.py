@@ -28,7 +28,7 @@ class StepCosts:
     """The live workers' measured step cost, ``step_s + prefill_s * prompt rows + decode_s
     * output rows`` (a least-squares fit over their recent steps: the fixed part is what a
     step costs whatever it computes, so a token's cost falls as more sequences share the
-    steps), the share of their step time interactive rows took, how many live workers
+    steps), the share of their time interactive rows took, how many live workers
     there are and the most sequences one of them ran at once recently."""
 
     step_s: float
@@ -57,21 +57,26 @@ def step_costs(
 ) -> StepCosts | None:
     """The costs over the last ``steps_per_worker`` steps of each live worker serving
     ``model`` (None: every live worker); None when they have not run enough prompt and
-    output rows to measure."""
+    output rows to measure. The interactive share is of the workers' time over those
+    steps (first step's start to last step's end), not of the steps' time alone: a worker
+    that ran a few interactive requests and idled between them gives nearly all its time
+    to a batch that arrives, though every step it ran was interactive."""
     workers = sorted(live_worker_ids(session=session, within=worker_timeout, model=model))
     samples: list[tuple[int, int, float]] = []  # (prompt rows, output rows, seconds)
-    interactive_s = total_s = 0.0
+    interactive_s = total_s = wall_s = 0.0
     running = 0
     for worker_id in workers:
         rows = session.execute(
             select(Iteration.num_prefill_tokens, Iteration.num_decode_tokens,
-                   Iteration.num_interactive_tokens, Iteration.num_running,
+                   Iteration.num_interactive_tokens, Iteration.num_running, Iteration.time,
                    Iteration.schedule_ms + Iteration.forward_ms + Iteration.sample_ms)
             .where(Iteration.worker_id == worker_id, Iteration.step >= WARM_STEPS)
             .order_by(Iteration.step.desc())
             .limit(steps_per_worker)
-        )
-        for p, d, inter, run, ms in rows:
+        ).all()
+        if rows:  # the newest step first: the span from the oldest's start to its end
+            wall_s += (rows[0].time - rows[-1].time).total_seconds() + rows[0][-1] / 1000.0
+        for p, d, inter, run, _, ms in rows:
             if p + d <= 0:
                 continue
             t = ms / 1000.0
@@ -82,7 +87,7 @@ def step_costs(
     fit = fit_step_cost(samples)
     if fit is None:
         return None
-    return StepCosts(*fit, interactive_s / total_s, len(workers), max(1, running))
+    return StepCosts(*fit, interactive_s / max(total_s, wall_s), len(workers), max(1, running))
 
 
 def fit_step_cost(samples: list[tuple[int, int, float]]) -> tuple[float, float, float] | None:
