@@ -147,7 +147,8 @@ def create_batch(client: httpx.Client, data: bytes) -> str:
     batch = client.post("/v1/batches", json={"input_file_id": file.json()["id"],
                                              "endpoint": "/v1/chat/completions",
                                              "completion_window": "24h"})
-    batch.raise_for_status()
+    if batch.is_error:
+        raise RuntimeError(f"POST /v1/batches: {batch.status_code} {batch.text}")
     return str(batch.json()["id"])
 
 
