@@ -69,13 +69,13 @@ def step_costs(
         rows = session.execute(
             select(Iteration.num_prefill_tokens, Iteration.num_decode_tokens,
                    Iteration.num_interactive_tokens, Iteration.num_running, Iteration.time,
-                   Iteration.schedule_ms + Iteration.forward_ms + Iteration.sample_ms)
+                   (Iteration.schedule_ms + Iteration.forward_ms + Iteration.sample_ms).label("ms"))
             .where(Iteration.worker_id == worker_id, Iteration.step >= WARM_STEPS)
             .order_by(Iteration.step.desc())
             .limit(steps_per_worker)
         ).all()
-        if rows:  # the newest step first: the span from the oldest's start to its end
-            wall_s += (rows[0].time - rows[-1].time).total_seconds() + rows[0][-1] / 1000.0
+        if rows:  # newest first: from the oldest step's start to the newest one's end
+            wall_s += (rows[0].time - rows[-1].time).total_seconds() + rows[0].ms / 1000.0
         for p, d, inter, run, _, ms in rows:
             if p + d <= 0:
                 continue
