@@ -88,6 +88,21 @@ using inflight_cpu::vf;
 #ifndef LINEAR_AHEAD
 #define LINEAR_AHEAD 1
 #endif
+// The fewest rows of a call for which the next block is asked for (Ahead): below it the
+// hardware prefetcher streams the panels alone. The AVX2 build leaves calls of up to 4 rows
+// to it: on two AVX2-only AMD EPYCs the request took, against none, 1.14-1.19x the time at 1
+// row and 1.07-1.09x at 2-4 on a Zen 2, 1.11-1.20x at 1 and 1.10x at 2 on a Zen 3; at 8
+// rows 0.92-1.00x and 1.03-1.06x (no clear winner), from 16 rows 0.86-0.92x on both
+// (docs/kernels.md). The AVX-512 build asks at
+// every row count: on the Intel Xeons where it was chosen it was only compared with the
+// 8 KB-ahead request, against which it won at 1 to 256 rows.
+#ifndef LINEAR_AHEAD_MIN_ROWS
+#if defined(__AVX512F__)
+#define LINEAR_AHEAD_MIN_ROWS 1
+#else
+#define LINEAR_AHEAD_MIN_ROWS 5
+#endif
+#endif
 #ifndef LINEAR_AHEAD_HINT
 #define LINEAR_AHEAD_HINT _MM_HINT_T1
 #endif
@@ -129,14 +144,14 @@ struct Ahead {
   int64_t per_k = 0;
 
   inline void step() {
-    if (!LINEAR_AHEAD) return;
     for (int64_t j = 0; j < per_k && next < end; ++j, next += 64) _mm_prefetch(next, LINEAR_AHEAD_HINT);
   }
 };
 
 // The sums of one register tile: rows [0, MR) of `a` (row stride lda) times a panel block
-// `b` ([kc][kNr]), one FMA chain per row and vector over k; `ahead` is asked for meanwhile.
-template <int MR>
+// `b` ([kc][kNr]), one FMA chain per row and vector over k; `ahead` is asked for meanwhile
+// when `Ask` (without it the loop carries no request at all).
+template <int MR, bool Ask>
 inline void tile_sums(int64_t kc, const float* a, int64_t lda, const float* b, vf (&sum)[MR][kNv],
                       Ahead ahead) {
 #pragma GCC unroll 16
@@ -152,7 +167,7 @@ inline void tile_sums(int64_t kc, const float* a, int64_t lda, const float* b, v
     for (int o = 0; o < kNr; o += 16)  // each 64-byte line of the panel row
       _mm_prefetch(reinterpret_cast<const char*>(b + k * kNr + o + LINEAR_PF), _MM_HINT_T0);
 #endif
-    ahead.step();
+    if constexpr (Ask) ahead.step();
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const vf x = broadcast(a + i * lda + k);
@@ -165,11 +180,11 @@ inline void tile_sums(int64_t kc, const float* a, int64_t lda, const float* b, v
 // One register tile into `c` (row stride ldc): its sums added to what `c` holds when
 // `accumulate`, else stored; then `bias` (kNr values, or null) added. A panel narrower
 // than kNr (`cols`, the weight's last) writes only its first `cols` columns.
-template <int MR>
+template <int MR, bool Ask>
 void tile(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int64_t ldc,
           bool accumulate, const float* bias, int cols, Ahead ahead) {
   vf sum[MR][kNv];
-  tile_sums<MR>(kc, a, lda, b, sum, ahead);
+  tile_sums<MR, Ask>(kc, a, lda, b, sum, ahead);
   if (cols == kNr) {
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
@@ -199,11 +214,13 @@ void tile(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int
 using TileFn = void (*)(int64_t, const float*, int64_t, const float*, float*, int64_t, bool,
                         const float*, int, Ahead);
 
-template <int... R>
+template <bool Ask, int... R>
 constexpr std::array<TileFn, sizeof...(R)> tiles(std::integer_sequence<int, R...>) {
-  return {&tile<R + 1>...};
+  return {&tile<R + 1, Ask>...};
 }
-constexpr auto kTiles = tiles(std::make_integer_sequence<int, kMr>{});
+// The register tiles by row count (index rows - 1), asking for the next block or not.
+constexpr auto kAskingTiles = tiles<true>(std::make_integer_sequence<int, kMr>{});
+constexpr auto kQuietTiles = tiles<false>(std::make_integer_sequence<int, kMr>{});
 
 // The panel block read after block k0 of panel p in row block r0 ([kc][kNr] floats from
 // the pointer; kc 0 when none follows in this call): the panel's next k block, the next
@@ -226,6 +243,8 @@ std::pair<const float*, int64_t> following_block(const float* w, int64_t m, int6
 void run_panels(const float* x, int64_t lda, const float* w, const float* bias, float* y,
                 int64_t m, int64_t n, int64_t k, int64_t p_begin, int64_t p_end,
                 const float* after = nullptr) {
+  const bool ask = LINEAR_AHEAD && m >= LINEAR_AHEAD_MIN_ROWS;
+  const auto& tile_fns = ask ? kAskingTiles : kQuietTiles;
   for (int64_t r0 = 0; r0 < m; r0 += kMc) {
     const int64_t rows = std::min(kMc, m - r0);
     const int64_t tiles = (rows + kMr - 1) / kMr;
@@ -246,11 +265,11 @@ void run_panels(const float* x, int64_t lda, const float* w, const float* bias, 
           const float* a = x + (r0 + i0) * lda + k0;
           float* c = y + (r0 + i0) * n + col0;
           Ahead ahead;
-          if (next != nullptr) {
+          if (ask && next != nullptr) {
             const int64_t from = std::min(lines, t * share), to = std::min(lines, from + share);
             ahead = {next_bytes + from * 64, next_bytes + to * 64, (share + kc - 1) / kc};
           }
-          kTiles[mr - 1](kc, a, lda, panel + k0 * kNr, c, n, accumulate, b, cols, ahead);
+          tile_fns[mr - 1](kc, a, lda, panel + k0 * kNr, c, n, accumulate, b, cols, ahead);
         }
       }
     }
