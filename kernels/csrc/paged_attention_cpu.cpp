@@ -22,7 +22,7 @@
 //                 on whole vectors (vtanh in cpu_vec.h, about 2 ulp).
 //
 // One work item is (sequence, tile of up to kQueryTile query tokens, segment of up to
-// kChunkKeys keys of its context), all heads; a tile whose context spans several segments
+// kSegmentKeys keys of its context), all heads; a tile whose context spans several segments
 // is merged from their softmax states after the items ran (merge_partials), so a few long
 // sequences still keep every thread busy, and the cut never depends on the batch. The tile's
 // query vectors of a KV head (tokens x its query group) share every K/V row they read, and a
@@ -60,6 +60,16 @@ using namespace inflight_cpu;
 
 constexpr int64_t kQueryTile = 8;
 constexpr int64_t kChunkKeys = 256;  // keys scored before one softmax update (whole blocks)
+// Keys of a segment (whole blocks, from block 0): a tile whose context spans several is
+// cut into one work item per segment (WorkItem). Each cut costs a work item's set-up, its
+// cold first blocks and a merge: with 256-key segments one layer of SmolLM2 took 1.16x
+// the time of 512-key ones at 64 sequences x 300 keys, 1.10x at 8 x 300 and 1.11x at 128
+// x 400, and the same at 256 x 150 (docs/kernels.md); a lone sequence of 300 keys ran 0.9x
+// as long on two threads with 256. From 513 keys on a lone context is still cut.
+#ifndef ATTN_SEGMENT_KEYS
+#define ATTN_SEGMENT_KEYS 512
+#endif
+constexpr int64_t kSegmentKeys = ATTN_SEGMENT_KEYS;
 // How many block visits ahead the reads are asked for (override with -D for tuning). On an
 // Intel Xeon (AVX-512, 260 MB L3), 8 sequences x 300 keys x 30 layers took 7.6-8.1 ms at
 // 1, 2, 4 and 8 alike: there the walk is bound by the core's read rate, not the distance.
@@ -70,7 +80,7 @@ constexpr int64_t kPrefetchBlocks = ATTN_PREFETCH_BLOCKS;
 
 // A tile of a sequence's queries over one segment of its context: the blocks [block_begin,
 // block_end) that it may see (its window's first block and its last key bound them too).
-// A context longer than one segment (kChunkKeys keys, whole blocks, from block 0) is cut
+// A context longer than one segment (kSegmentKeys keys, whole blocks, from block 0) is cut
 // into segments that are separate items, run in parallel, each leaving its softmax state
 // (running max, sum and unnormalised output) in slot `partial`; merge_partials then folds
 // them in segment order. The cut depends on the sequence alone, never on the batch beside
@@ -539,9 +549,9 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
   const int64_t* cu_q = cu_seqlens_q.data_ptr<int64_t>();
   const int64_t* ctx = context_lens.data_ptr<int64_t>();
 
-  // Segments of kChunkKeys keys (whole blocks) from block 0: a tile whose blocks span
+  // Segments of kSegmentKeys keys (whole blocks) from block 0: a tile whose blocks span
   // more than one is cut there (WorkItem).
-  const int64_t segment_blocks = std::max<int64_t>(1, kChunkKeys / block_size);
+  const int64_t segment_blocks = std::max<int64_t>(1, kSegmentKeys / block_size);
   std::vector<WorkItem> items;
   std::vector<Merge> merges;
   int64_t num_partials = 0;

@@ -291,9 +291,10 @@ def test_vector_tanh_matches_torch() -> None:
 
 # --- contexts cut into segments ---------------------------------------------------------
 
-# Around the segment boundary of 256 keys (block size 16; 252 with blocks of 12), and
+# Around the boundary of a work item's softmax chunks (256 keys with blocks of 16, 252 with
+# blocks of 12), around the segment boundary (512 keys; 504 with blocks of 12), and
 # contexts of several segments: each segment is a work item of its own, merged after.
-LONG_CONTEXTS = [255, 256, 257, 600, 1000]
+LONG_CONTEXTS = [255, 256, 257, 503, 505, 511, 512, 513, 1100]
 
 
 @pytest.mark.parametrize("block_size", [16, 12])
@@ -309,8 +310,8 @@ def test_long_contexts_are_cut_into_segments_and_merged(block_size: int, window:
     for i in range(len(LONG_CONTEXTS)):
         want = naive_attention(query[i : i + 1], batch.keys[i], batch.values[i], 0.125, window)
         torch.testing.assert_close(out[i : i + 1].double(), want, atol=1e-5, rtol=1e-5)
-    # a prefill chunk whose tiles cross a segment boundary (prefix 240, 30 new tokens)
-    chunk = make_paged_batch([270], block_size, 2, 64, seed=5)
+    # a prefill chunk whose tiles cross a segment boundary (prefix 490, 30 new tokens)
+    chunk = make_paged_batch([520], block_size, 2, 64, seed=5)
     q = scores_query(30, 6, 64, seed=6)
     got = cpu_native.prefill_attention(q, chunk.k_cache, chunk.v_cache, chunk.block_tables,
                                        cu_seqlens([30]), chunk.context_lens, 0.125, window, 0.0)
