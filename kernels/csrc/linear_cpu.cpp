@@ -90,12 +90,11 @@ using inflight_cpu::vf;
 #endif
 // The fewest rows of a call for which the next block is asked for (Ahead): below it the
 // hardware prefetcher streams the panels alone. The AVX2 build leaves calls of up to 4 rows
-// to it: on two AVX2-only AMD EPYCs the request took, against none, 1.14-1.19x the time at 1
-// row and 1.07-1.09x at 2-4 on a Zen 2, 1.11-1.20x at 1 and 1.10x at 2 on a Zen 3; at 8
+// to it: on two AVX2-only AMD EPYCs the request took, against none, 1.10-1.19x the time at 1
+// row and 1.07-1.17x at 2-4 on a Zen 2, 1.11-1.20x at 1 and 1.10x at 2 on a Zen 3; at 8
 // rows 0.92-1.00x and 1.03-1.06x (no clear winner), from 16 rows 0.86-0.92x on both
-// (docs/kernels.md). The AVX-512 build asks at
-// every row count: on the Intel Xeons where it was chosen it was only compared with the
-// 8 KB-ahead request, against which it won at 1 to 256 rows.
+// (docs/kernels.md). The AVX-512 build asks at every row count: on the Intel Xeons where it
+// was chosen it was only compared with the 8 KB-ahead request, which it beat at 1-256 rows.
 #ifndef LINEAR_AHEAD_MIN_ROWS
 #if defined(__AVX512F__)
 #define LINEAR_AHEAD_MIN_ROWS 1
