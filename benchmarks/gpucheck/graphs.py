@@ -18,10 +18,18 @@ from benchmarks.gpucheck.device import time_ms
 from worker.engine.attention_metadata import AttentionMetadata
 from worker.engine.decode_graphs import DecodeGraphs
 
-# Largest |replay - eager| over the eager logits' standard deviation. fp32 differs only by
-# summation order (the padded block table can change the decode partitioning); bf16
-# also by where intermediate results round.
+# Largest |replay - eager| over the eager logits' standard deviation, where the eager
+# forward runs on the graph's own padded buffers: the same kernels on the same shapes, so
+# anything above rounding is a capture or buffer fault (measured 0 on an H200 in bf16).
 TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.05}
+# The same against the eager forward of the unpadded step. Padding changes the shapes:
+# a wider block table can change the decode attention's split into partitions and a
+# padded row count cuBLAS's kernel, so sums run in another order. fp32 keeps that to
+# rounding; in bf16 one flipped rounding grows through the layers of random weights (an
+# H200 read up to 0.165 on the 16-layer Llama-3.2-1B shape, argmax agreement >= 0.86).
+# A padding row leaking into a real one moves that row's logits by whole standard
+# deviations, which these bounds still catch.
+PADDING_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.5, torch.float16: 0.5}
 
 
 @dataclass
@@ -70,8 +78,10 @@ def comparison_sizes(ladder: list[int]) -> list[int]:
 def compare_replay_with_eager(graphs: DecodeGraphs, *, num_blocks: int, block_size: int,
                               max_context: int, seed: int = 0,
                               time_iters: int = 0) -> list[dict[str, Any]]:
-    """Per comparison size: max |replay - eager| / std(eager), argmax agreement, and (with
-    ``time_iters``) the median milliseconds of each path."""
+    """Per comparison size: max |replay - eager| / std(eager) against the eager forward of
+    the unpadded step and against the eager forward of the graph's padded buffers,
+    argmax agreement with the unpadded one, and (with ``time_iters``) the median
+    milliseconds of the unpadded eager forward and of the replay."""
     model = graphs.model
     vocab = model.config.vocab_size
     rows = []
@@ -88,8 +98,10 @@ def compare_replay_with_eager(graphs: DecodeGraphs, *, num_blocks: int, block_si
 
         want = eager().float()  # [n, vocab]
         got = replay().float()  # [n, vocab]
+        padded = graphs.run(step.input_ids, step.meta, replay=False).float()  # [n, vocab]
         row: dict[str, Any] = {
             "batch": n, "padded_to": next(s for s in graphs.ladder if s >= n),
+            "padded_diff_over_std": float((got - padded).abs().max() / padded.std()),
             "max_abs_diff_over_std": float((got - want).abs().max() / want.std()),
             "argmax_agreement": float((got.argmax(-1) == want.argmax(-1)).float().mean()),
         }

@@ -33,7 +33,7 @@ class Plan:
     max_model_len: int = 2048
     block_size: int = 16
     # pytest subprocesses
-    kernel_tests_timeout_s: float = 200
+    kernel_tests_timeout_s: float = 240  # 117 tests did not finish in 200 s on one process
     gpu_tests_timeout_s: float = 150
     # parity
     parity_models: list[str] = field(default_factory=list)
@@ -68,7 +68,7 @@ def make_plan(device: torch.device, *, quick: bool, budget_s: float, seed: int =
                 arch_configs=dict(ARCHS),
                 parity_models=["tiny-llama", "tiny-qwen2", *ARCHS],
                 attention_shapes=[(64, 1024), (256, 1024), (64, 4096), (16, 8192)],
-                step_batches=[1, 64, 256],
+                step_batches=[1, 8, 64, 256],  # issue 28 asks for 1, 8 and 64
                 min_seconds={"decode_graphs": 30, "parity": 60, "bandwidth": 20,
                              "throughput": 90})
     if device.type == "cpu":

@@ -81,6 +81,14 @@ def _parse_junit(path: Path, result: PytestResult) -> None:
     result.skip_reasons = sorted(reasons)
 
 
+def parallel_args(max_workers: int = 8) -> list[str]:
+    """pytest-xdist's ``-n`` over this machine's cores (at most ``max_workers``) where it is
+    installed: each Triton test compiles its kernels, and compiles run on the CPU."""
+    if importlib.util.find_spec("xdist") is None:
+        return []
+    return ["-n", str(max(1, min(max_workers, os.cpu_count() or 1)))]
+
+
 def run_pytest(targets: Sequence[str | Path], *, extra_args: Sequence[str] = (),
                env: Mapping[str, str | None] | None = None, timeout_s: float,
                cwd: Path = REPO_ROOT) -> PytestResult:

@@ -90,8 +90,11 @@ class DecodeGraphs:
             self.graphs[b] = graph
 
     @torch.inference_mode()
-    def run(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """Logits ``[num_seqs, vocab]`` of a decode-only step, through the padded buffers."""
+    def run(self, input_ids: torch.Tensor, meta: AttentionMetadata, *,
+            replay: bool = True) -> torch.Tensor:
+        """Logits ``[num_seqs, vocab]`` of a decode-only step, through the padded buffers:
+        the captured graph of its ladder size, or with ``replay=False`` (and where none was
+        captured) the same padded forward run eagerly, which a replay must reproduce."""
         n = meta.num_seqs
         b = next(size for size in self.ladder if size >= n)
         width = meta.block_tables.shape[1]
@@ -106,7 +109,7 @@ class DecodeGraphs:
         self.slot_mapping[n:b].fill_(-1)
         self.context_lens[n:b].fill_(1)
         self.block_tables[n:b].zero_()
-        if b in self.graphs:
+        if replay and b in self.graphs:
             self.graphs[b].replay()
             return self.outputs[b][:n]
         logits = self.model(self.input_ids[:b], self._meta(b), self.kv_caches, self.backend)
