@@ -88,19 +88,18 @@ using inflight_cpu::vf;
 #ifndef LINEAR_AHEAD
 #define LINEAR_AHEAD 1
 #endif
-// The fewest rows of a call for which the next block is asked for (Ahead): below it the
-// hardware prefetcher streams the panels alone. The AVX2 build leaves calls of up to 4 rows
-// to it: on two AVX2-only AMD EPYCs the request took, against none, 1.10-1.19x the time at 1
-// row and 1.07-1.17x at 2-4 on a Zen 2, 1.11-1.20x at 1 and 1.10x at 2 on a Zen 3; at 8
-// rows 0.92-1.00x and 1.03-1.06x (no clear winner), from 16 rows 0.86-0.92x on both
-// (docs/kernels.md). The AVX-512 build asks at every row count: on the Intel Xeons where it
-// was chosen it was only compared with the 8 KB-ahead request, which it beat at 1-256 rows.
+// The fewest rows of a call for which the next block is asked for (Ahead): one more than a
+// register tile holds (5 in the AVX2 build, 9 in the AVX-512 one). A call of one tile
+// streams each panel once, in order, which the hardware prefetcher follows alone; the
+// request exists for blocks of several tiles, whose later tiles run from cache with
+// nothing being read. Against none, the request took 1.10-1.19x the time at 1 row and
+// 1.07-1.17x at 2-4 on a Zen 2 (AVX2), 1.11-1.20x at 1 and 1.10x at 2 on a Zen 3 (AVX2),
+// and in the AVX-512 build on a Zen 5 1.05-1.29x at 1-2 rows, 1.01-1.11x at 4-8 (against a
+// build identical to it, 0.96-1.03x); from 9 rows the two read alike there, and from 16
+// rows the request won 8-14% on the Zen 2 and Zen 3 (docs/kernels.md). On the Intel Xeons
+// it was only compared with the 8 KB-ahead request, never with none.
 #ifndef LINEAR_AHEAD_MIN_ROWS
-#if defined(__AVX512F__)
-#define LINEAR_AHEAD_MIN_ROWS 1
-#else
-#define LINEAR_AHEAD_MIN_ROWS 5
-#endif
+#define LINEAR_AHEAD_MIN_ROWS (LINEAR_MR + 1)
 #endif
 #ifndef LINEAR_AHEAD_HINT
 #define LINEAR_AHEAD_HINT _MM_HINT_T1
