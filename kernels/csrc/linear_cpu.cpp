@@ -16,10 +16,11 @@
 //
 // The memory is kept busy while the FMAs run: every line of the panel block to be read
 // next is asked for (into L2) during the current block, spread over its register tiles and
-// their k steps (Ahead), so reading the next block overlaps the arithmetic on this one at
-// every row count (docs/kernels.md: 0.75-0.90x the time from 1 to 256 rows on an Intel
-// Xeon). Without it the reads waited on the arithmetic: the second and later tiles of a
-// block ran from cache with the memory idle.
+// their k steps (Ahead), so reading the next block overlaps the arithmetic on this one
+// (docs/kernels.md: 0.75-0.90x the time from 1 to 256 rows on an Intel Xeon, against the
+// 8 KB-ahead request before it). Without it the reads waited on the arithmetic: the second
+// and later tiles of a block ran from cache with the memory idle. Calls of one tile's rows
+// leave the panels to the hardware prefetcher (LINEAR_AHEAD_MIN_ROWS below).
 //
 // Every output row is computed by the same sequence of operations whatever the number of
 // rows, its block or its place in a tile: sums over k in blocks of kKc, one FMA chain per
