@@ -35,9 +35,11 @@ def test_timed_steps_run_every_sequence_and_the_split_adds_up() -> None:
         prefilled = next(i for i, s in enumerate(stats_seen)
                          if s.num_prefill_tokens == 0 and s.num_waiting == 0)
         assert [s.num_decode_tokens for s in stats_seen[prefilled + 1:prefilled + 5]] == [batch] * 4
+        # the timers' own seconds: the split rounds to 0.01 ms, and the tiny model's linears
+        # of a step can take less than that on a fast core
+        assert sum(totals[k] for k in step_floor.LINEAR_KINDS) > 0.0
+        assert totals["attention"] > 0.0
         split = step_floor.split_ms(totals, step_ms, steps=4)
         step_floor.matmul_ms(engine, batch, reps=1)  # after the split: its calls are not in it
         assert split["rest_of_forward"] >= 0.0
-        assert sum(split[k] for k in step_floor.LINEAR_KINDS) > 0.0
-        assert split["attention"] > 0.0
         assert not engine.has_unfinished_requests()  # aborted after the timed steps

@@ -16,7 +16,7 @@ from tests.service.helpers import batch_lanes, batch_pending, prompt_jobs, start
 from tests.service.tcp_proxy import TcpProxy
 from worker.jobs.enqueue import enqueue
 from worker.queue.group import ensure_groups
-from worker.store.crud.jobs import count_by_status
+from worker.store.crud.jobs import count_by_status, get_job
 from worker.store.job_lifecycle import is_allowed
 from worker.store.schemas import NewJob
 
@@ -47,6 +47,9 @@ CREATE TRIGGER job_moves AFTER UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION job_
 
 # Steps paced at 20 ms, so what a test does "mid-run" lands mid-run on a fast machine too.
 PACED = {"module": "tests.faults.paced_worker", "env": {"INFLIGHT_TEST_STEP_S": "0.02"}}
+
+
+DRAIN_STARTED = "draining: intake stopped"  # the worker's log line as a drain begins
 
 
 def _counts(session_factory) -> dict[str, int]:
@@ -196,13 +199,22 @@ def test_sigterm_drains_and_second_signal_stops_at_once(migrated_pg, session_fac
                        jobs=[NewJob(request={"url": "/v1/completions", "body": {"prompt": "go", "max_tokens": 900, "ignore_eos": True}})
                              for _ in range(4)])
         wait_for(lambda: _counts(session_factory).get("running", 0) >= 4, timeout=30, what="long jobs to start")
+        drains = log.read_text().count(DRAIN_STARTED)
         w2.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
+        # the second signal as soon as the drain has begun: on a fast core the tiny model's
+        # 900 tokens take under a second, so a fixed pause could outlast the jobs
+        wait_for(lambda: log.read_text().count(DRAIN_STARTED) > drains, timeout=10,
+                 what="the drain to begin")
         t0 = time.monotonic()
         w2.send_signal(signal.SIGTERM)
         assert w2.wait(30) == 1
         assert time.monotonic() - t0 < 10
-        assert batch_pending(redis_client, keys) == len(long)
+        # the long jobs still unfinished stay delivered and unacked, for another worker to
+        # claim; on a fast core the first to start may finish inside the half second
+        with session_factory() as s:
+            unfinished = [j for j in long if get_job(session=s, job_id=j).status != "succeeded"]
+        assert unfinished, "every long job finished: the second signal stopped nothing"
+        assert batch_pending(redis_client, keys) == len(unfinished)
     finally:
         if w2.poll() is None:
             w2.kill()
