@@ -9,12 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.gpucheck.graphs import (
-    PADDING_TOLERANCE,
-    TOLERANCE,
-    compare_replay_with_eager,
-    randomize_kv,
-)
+from benchmarks.gpucheck.graphs import TOLERANCE, compare_replay_with_eager, randomize_kv
 from tests.conftest import hf_greedy, prompt_token_lists
 from worker.engine import LLM, SamplingParams
 
@@ -71,7 +66,9 @@ def test_graph_replay_logits_equal_eager_at_every_ladder_size(dtype: str) -> Non
     assert [r["batch"] for r in rows] == [1, 2, 3, 4, 7, 8, 15, 16, 23, 24]
     for row in rows:
         assert row["padded_diff_over_std"] <= TOLERANCE[llm.engine.dtype], row
-        assert row["max_abs_diff_over_std"] <= PADDING_TOLERANCE[llm.engine.dtype], row
+        # the tiny model's two layers leave padding's reordered sums within the same bound
+        # (on an H200, in fp32 and bf16); the check's 16-layer model needs PADDING_TOLERANCE
+        assert row["max_abs_diff_over_std"] <= TOLERANCE[llm.engine.dtype], row
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen2"])

@@ -210,7 +210,7 @@ def test_sigterm_drains_and_second_signal_stops_at_once(migrated_pg, session_fac
         assert w2.wait(30) == 1
         assert time.monotonic() - t0 < 10
         # the long jobs still unfinished stay delivered and unacked, for another worker to
-        # claim; on a fast core the first to start may finish inside the half second
+        # claim; on a fast core the first to start may finish before the second signal
         with session_factory() as s:
             unfinished = [j for j in long if get_job(session=s, job_id=j).status != "succeeded"]
         assert unfinished, "every long job finished: the second signal stopped nothing"
