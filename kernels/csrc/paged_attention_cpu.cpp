@@ -645,6 +645,8 @@ torch::Tensor vector_tanh(torch::Tensor x) {
   return out.view(x.sizes());
 }
 
+// decoder_cpu.cpp includes this file for its kernels and makes a module of its own.
+#ifndef INFLIGHT_NO_MODULE
 // Every entry point runs without the GIL (its arguments are converted before, its result
 // after): a worker's other threads (intake, result writer, text-delta publisher) must not
 // wait out a whole kernel call each time they need the interpreter.
@@ -662,3 +664,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("write_kv", &write_kv, "Store each token's K and V rows at its slot (CPU); negative slots skipped",
         NoGil());
 }
+#endif  // INFLIGHT_NO_MODULE

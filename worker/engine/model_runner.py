@@ -25,6 +25,7 @@ from worker.engine.config import (
 from worker.engine.decode_graphs import DecodeGraphs
 from worker.engine.models.cpu_linear import pack_linears, packer_for
 from worker.engine.models.loader import load_checkpoint
+from worker.engine.models.native_stack import build_native_stack
 from worker.engine.models.registry import build_model
 from worker.engine.models.spec import ArchSpec
 from worker.engine.models.weights import load_weights
@@ -157,6 +158,8 @@ class ModelRunner:
         self.v_pool = kv_pool_tensor((config.num_hidden_layers, *shape), self.dtype, device,
                                      committed=self.kv_pool_committed)
         self.kv_caches = [(self.k_pool[i], self.v_pool[i]) for i in range(config.num_hidden_layers)]
+        if self.prepacked:  # decode steps through every layer in one native call, where it covers them
+            model.native_stack = build_native_stack(model, self.kv_caches)
         self.pin = device.type == "cuda"  # stage host inputs in pinned memory for async copies
         use_graphs = args.decode_graphs if args.decode_graphs is not None else device.type == "cuda"
         self.decode_graphs: DecodeGraphs | None = None

@@ -9,7 +9,7 @@ output (``delta``) to it, as one fused op where the device has it.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -20,6 +20,17 @@ from worker.engine.attention_metadata import AttentionMetadata
 from worker.engine.models.layers import DecoderLayer, RMSNorm
 from worker.engine.models.rope import rope_table
 from worker.engine.models.spec import ArchSpec
+
+
+class DecodeStack(Protocol):
+    """Every layer of a decode step in one call (``native_stack.py``): the same result as
+    the layer loop of :meth:`PackedCausalLM.forward`, for the steps it ``takes``."""
+
+    def takes(self, num_tokens: int, meta: AttentionMetadata,
+              kv_caches: list[tuple[torch.Tensor, torch.Tensor]], backend: AttentionBackend) -> bool: ...
+
+    def run(self, hidden: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]],
+            meta: AttentionMetadata) -> torch.Tensor: ...
 
 
 class PackedCausalLM(nn.Module):
@@ -42,6 +53,7 @@ class PackedCausalLM(nn.Module):
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False, device=device)
         self.rope_tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.native_ops = True  # fused native element-wise ops where they exist (CPU fp32)
+        self.native_stack: DecodeStack | None = None  # decode steps in one native call
 
     def init_rope(self, max_positions: int, device: torch.device) -> None:
         """Compute each rotary table ``[max_positions, R]`` (fp32) on ``device``."""
@@ -66,9 +78,13 @@ class PackedCausalLM(nn.Module):
         rope = {key: (cos[meta.positions].to(hidden.dtype), sin[meta.positions].to(hidden.dtype))
                 for key, (cos, sin) in self.rope_tables.items()}  # key -> 2 x [num_tokens, R]
         delta: torch.Tensor | None = None  # the last block's output, not yet added
-        for layer, (k_cache, v_cache) in zip(self.decoder_layers, kv_caches, strict=True):
-            attn = self._attention_block(layer, hidden, delta, rope, k_cache, v_cache, meta, backend, ops)
-            delta = self._mlp_block(layer, hidden, attn, ops)
+        stack = self.native_stack
+        if stack is not None and self.native_ops and stack.takes(hidden.shape[0], meta, kv_caches, backend):
+            delta = stack.run(hidden, rope, meta)  # the same kernels as the loop below
+        else:
+            for layer, (k_cache, v_cache) in zip(self.decoder_layers, kv_caches, strict=True):
+                attn = self._attention_block(layer, hidden, delta, rope, k_cache, v_cache, meta, backend, ops)
+                delta = self._mlp_block(layer, hidden, attn, ops)
         rows = meta.logits_indices
         last_delta = None if delta is None else delta[rows]
         last = ops.add_rms_norm(hidden[rows], last_delta, self.norm.weight, self.norm.eps)

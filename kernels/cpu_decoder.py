@@ -1,0 +1,29 @@
+"""A decode step's whole layer stack in one native call (``csrc/decoder_cpu.cpp``): the
+kernels of ``cpu_linear``, ``cpu_native`` and ``cpu_fused`` called from C++ in the order
+the Python decoder calls them, so the result is the same bit for bit and the per-call cost
+of Python (module calls, argument checks, views: about 40 us a layer) goes.
+
+:func:`load` builds it for an instruction set as the other native kernels are built; the
+model side (which models and steps take it) is ``worker/engine/models/native_stack.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+
+DECODER_NAME = "inflight_decoder_cpu"
+
+
+@functools.cache
+def _extension(isa: str) -> ModuleType:
+    from kernels import cpu_native
+
+    return cpu_native.build(DECODER_NAME, "decoder_cpu.cpp", isa)
+
+
+def load(isa: str | None = None) -> ModuleType:
+    """The build for ``isa`` (default: the widest this CPU runs, or ``INFLIGHT_CPU_ISA``)."""
+    from kernels import cpu_native
+
+    return _extension(isa or cpu_native.default_isa())
