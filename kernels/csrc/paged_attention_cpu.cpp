@@ -22,7 +22,8 @@
 //                 on whole vectors (vtanh in cpu_vec.h, about 2 ulp).
 //
 // One work item is (sequence, tile of up to kQueryTile query tokens, segment of up to
-// kSegmentKeys keys of its context), all heads; a tile whose context spans several segments
+// kSegmentKeys keys of its context), all heads (or a group of KV heads, when there are
+// fewer items than threads); a tile whose context spans several segments
 // is merged from their softmax states after the items ran (merge_partials), so a few long
 // sequences still keep every thread busy, and the cut never depends on the batch. The tile's
 // query vectors of a KV head (tokens x its query group) share every K/V row they read, and a
@@ -77,6 +78,23 @@ constexpr int64_t kSegmentKeys = ATTN_SEGMENT_KEYS;
 #define ATTN_PREFETCH_BLOCKS 2
 #endif
 constexpr int64_t kPrefetchBlocks = ATTN_PREFETCH_BLOCKS;
+// Whether a step with fewer work items than ATTN_ITEMS_PER_THREAD per thread cuts its
+// tiles' KV heads into groups (1) or leaves threads idle (0), and whether a head group asks
+// only for its heads' lines of each block (1) or for the whole block (0); for tuning (-D).
+// On a 2-core Zen 4 VM, 30 layers of SmolLM2's shape, 16 MB read between layers as the
+// linears would: one sequence of 300 keys took 0.69x the time cut in two head groups (0.75x
+// asking for whole blocks, 0.78x in three one-head items with 4 items per thread wanted);
+// at 2, 3, 5 and 8 sequences neither 2 nor 4 items per thread beat 1 beyond the rounds'
+// spread of about 7% (docs/kernels.md). The outputs are the same bit for bit.
+#ifndef ATTN_HEAD_CUT
+#define ATTN_HEAD_CUT 1
+#endif
+#ifndef ATTN_ITEMS_PER_THREAD
+#define ATTN_ITEMS_PER_THREAD 1
+#endif
+#ifndef ATTN_HEAD_PREFETCH
+#define ATTN_HEAD_PREFETCH 1
+#endif
 
 // A tile of a sequence's queries over one segment of its context: the blocks [block_begin,
 // block_end) that it may see (its window's first block and its last key bound them too).
@@ -93,6 +111,8 @@ struct WorkItem {
   int64_t block_begin = 0;
   int64_t block_end = std::numeric_limits<int64_t>::max();
   int64_t partial = -1;  // -1: the tile's whole context, written to the output
+  int64_t head_begin = 0;  // the KV heads [head_begin, head_end) of the tile (all by default)
+  int64_t head_end = std::numeric_limits<int64_t>::max();
 };
 
 // Where the softmax state of a segment item goes: per query vector (in run_item's order)
@@ -286,7 +306,9 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
   const int64_t first_pos = context_lens[item.seq] - q_len;  // position of the chunk's first query
   const int64_t tile_tokens = item.tile_end - item.tile_start;
   const int64_t per_head = tile_tokens * group;  // query vectors of one KV head
-  const int64_t nvec = per_head * num_kv_heads;  // query vectors in this tile
+  const int64_t head_begin = item.head_begin, head_end = std::min(item.head_end, num_kv_heads);
+  const int64_t heads = head_end - head_begin;  // the KV heads this item computes
+  const int64_t nvec = per_head * heads;  // query vectors in this item
   const int64_t* table = block_tables + item.seq * max_blocks;
   const int64_t row_stride = num_kv_heads * head_dim;  // between consecutive slots
   const int64_t block_stride = block_size * row_stride;  // between blocks
@@ -302,8 +324,8 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
   const int64_t chunk_blocks = std::max<int64_t>(1, kChunkKeys / block_size);
   const int64_t width = std::min(chunk_blocks, num_blocks - first_block) * padded;  // scores per vector and chunk
 
-  // q_tile[v][d] for v = h * per_head + t * group + g (KV head h, token t, member g of h's
-  // query group), pre-scaled; acc, run_max, run_sum, last_key and the score rows
+  // q_tile[v][d] for v = (h - head_begin) * per_head + t * group + g (KV head h, token t,
+  // member g of h's query group), pre-scaled; acc, run_max, run_sum, last_key and the score rows
   // ([nvec, width]: block c of the chunk at c * padded) are indexed the same way.
   std::vector<float> q_tile(nvec * head_dim);
   std::vector<float> acc(nvec * head_dim, 0.f);
@@ -311,11 +333,11 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
   std::vector<float> run_sum(nvec, 0.f);
   std::vector<int64_t> last_key(nvec);  // highest key position the vector may see
   std::vector<float> scores(nvec * width);
-  for (int64_t h = 0; h < num_kv_heads; ++h) {
+  for (int64_t h = head_begin; h < head_end; ++h) {
     for (int64_t t = 0; t < tile_tokens; ++t) {
       const int64_t token = q_start + item.tile_start + t;
       for (int64_t g = 0; g < group; ++g) {
-        const int64_t v = h * per_head + t * group + g;
+        const int64_t v = (h - head_begin) * per_head + t * group + g;
         const scalar_t* src = query + (token * num_heads + h * group + g) * head_dim;
         for (int64_t d = 0; d < head_dim; ++d) q_tile[v * head_dim + d] = static_cast<float>(src[d]) * opt.scale;
         last_key[v] = first_pos + item.tile_start + t;
@@ -334,20 +356,27 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
   }
   const auto num_visits = static_cast<int64_t>(visits.size());
   Prefetcher pf;
-  for (int64_t i = 0; i < std::min(kPrefetchBlocks, num_visits); ++i) pf.start(visits[i], block_bytes);
+  // The lines of a visit this item reads: the whole block, or its heads' part of every slot.
+  const int64_t elem = static_cast<int64_t>(sizeof(scalar_t));
+  auto ask = [&](const scalar_t* block) {
+    if (heads == num_kv_heads || !ATTN_HEAD_PREFETCH) return pf.start(block, block_bytes);
+    pf.start(block + head_begin * head_dim, block_size, heads * head_dim * elem, row_stride * elem);
+  };
+  for (int64_t i = 0; i < std::min(kPrefetchBlocks, num_visits); ++i) ask(visits[i]);
   int64_t visit = 0;
   auto next_visit = [&]() {  // the block to read now; its successor's lines start to be asked for
-    if (visit + kPrefetchBlocks < num_visits) pf.start(visits[visit + kPrefetchBlocks], block_bytes);
+    if (visit + kPrefetchBlocks < num_visits) ask(visits[visit + kPrefetchBlocks]);
     return visits[visit++];
   };
   for (int64_t c0 = first_block; c0 < num_blocks; c0 += chunk_blocks) {
     const int64_t c1 = std::min(num_blocks, c0 + chunk_blocks);
     for (int64_t b = c0; b < c1; ++b) {  // scores of every vector, a block's K at a time
       const scalar_t* k_block = next_visit();  // [block_size, Hkv, D]
-      for (int64_t h = 0; h < num_kv_heads; ++h) {
-        score_block<scalar_t, D>(q_tile.data() + h * per_head * head_dim, k_block + h * head_dim,
+      for (int64_t h = head_begin; h < head_end; ++h) {
+        const int64_t first_v = (h - head_begin) * per_head;
+        score_block<scalar_t, D>(q_tile.data() + first_v * head_dim, k_block + h * head_dim,
                                  row_stride, keys_in(b), per_head, head_dim,
-                                 scores.data() + h * per_head * width + (b - c0) * padded, width, pf);
+                                 scores.data() + first_v * width + (b - c0) * padded, width, pf);
       }
     }
     const int64_t used = (c1 - c0) * padded;
@@ -368,28 +397,29 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
     }
     for (int64_t b = c0; b < c1; ++b) {  // acc += weights x V, a block's V at a time
       const scalar_t* v_block = next_visit();  // [block_size, Hkv, D]
-      for (int64_t h = 0; h < num_kv_heads; ++h) {
-        add_block_values<scalar_t, D>(scores.data() + h * per_head * width + (b - c0) * padded, width,
+      for (int64_t h = head_begin; h < head_end; ++h) {
+        const int64_t first_v = (h - head_begin) * per_head;
+        add_block_values<scalar_t, D>(scores.data() + first_v * width + (b - c0) * padded, width,
                                       v_block + h * head_dim, row_stride, keys_in(b), per_head,
-                                      head_dim, acc.data() + h * per_head * head_dim, pf);
+                                      head_dim, acc.data() + first_v * head_dim, pf);
       }
     }
   }
   if (item.partial >= 0) {  // a segment: its state, for merge_partials
     float* state = partials.data + item.partial * partials.item_stride;
-    for (int64_t v = 0; v < nvec; ++v) {
-      float* dst = state + v * (head_dim + 2);
+    for (int64_t v = 0; v < nvec; ++v) {  // at the vector's place among all heads' vectors
+      float* dst = state + (head_begin * per_head + v) * (head_dim + 2);
       dst[0] = run_max[v];
       dst[1] = run_sum[v];
       std::copy(acc.data() + v * head_dim, acc.data() + (v + 1) * head_dim, dst + 2);
     }
     return;
   }
-  for (int64_t h = 0; h < num_kv_heads; ++h) {
+  for (int64_t h = head_begin; h < head_end; ++h) {
     for (int64_t t = 0; t < tile_tokens; ++t) {
       const int64_t token = q_start + item.tile_start + t;
       for (int64_t g = 0; g < group; ++g) {
-        const int64_t v = h * per_head + t * group + g;
+        const int64_t v = (h - head_begin) * per_head + t * group + g;
         const float inv = 1.f / run_sum[v];  // every query sees at least its own key
         scalar_t* dst = out + (token * num_heads + h * group + g) * head_dim;
         for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<scalar_t>(acc[v * head_dim + d] * inv);
@@ -404,7 +434,7 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
 // Returns parts + 1 bounds.
 std::vector<int64_t> split_by_work(const std::vector<WorkItem>& items, const int64_t* cu_q,
                                    const int64_t* ctx, int64_t window, int64_t block_size,
-                                   int64_t parts) {
+                                   int64_t num_kv_heads, int64_t parts) {
   constexpr int64_t kItemCost = 64;  // setting up an item, in key-token units
   std::vector<int64_t> cost(items.size());
   int64_t total = 0;
@@ -416,7 +446,8 @@ std::vector<int64_t> split_by_work(const std::vector<WorkItem>& items, const int
     const int64_t to = std::min(first_pos + it.tile_end,
                                 it.block_end == std::numeric_limits<int64_t>::max()
                                     ? first_pos + it.tile_end : it.block_end * block_size);
-    cost[i] = (it.tile_end - it.tile_start) * std::max<int64_t>(0, to - from) + kItemCost;
+    const int64_t heads = std::min(it.head_end, num_kv_heads) - it.head_begin;
+    cost[i] = (it.tile_end - it.tile_start) * std::max<int64_t>(0, to - from) * heads / num_kv_heads + kItemCost;
     total += cost[i];
   }
   std::vector<int64_t> bounds{0};
@@ -484,7 +515,7 @@ void run_items(const std::vector<WorkItem>& items, const scalar_t* q, const scal
                int64_t head_dim, int64_t block_size, const Options& opt,
                const Partials& partials) {
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items.size()));
-  const std::vector<int64_t> bounds = split_by_work(items, cu_q, ctx, opt.window, block_size, parts);
+  const std::vector<int64_t> bounds = split_by_work(items, cu_q, ctx, opt.window, block_size, num_kv_heads, parts);
   at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
     for (int64_t part = begin; part < end; ++part) {
       for (int64_t i = bounds[part]; i < bounds[part + 1]; ++i) {
@@ -576,6 +607,27 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
         items.push_back({s, t0, t1, seg * segment_blocks, (seg + 1) * segment_blocks, num_partials++});
       }
     }
+  }
+  // Fewer items than threads (a lone sequence or two, short contexts): each tile's KV heads
+  // are cut into as many groups as it takes to give every thread some, each group an item of
+  // its own. A head's query vectors are computed alike whichever item holds them (their
+  // scores, softmax and sums never mix with another head's), so the output is unchanged.
+  const auto threads = static_cast<int64_t>(at::get_num_threads());
+  const auto num_items = static_cast<int64_t>(items.size());
+  const int64_t wanted = threads * ATTN_ITEMS_PER_THREAD;
+  if (ATTN_HEAD_CUT && num_items > 0 && num_items < wanted && num_kv_heads > 1) {
+    const int64_t groups = std::min(num_kv_heads, (wanted + num_items - 1) / num_items);
+    const int64_t per_group = (num_kv_heads + groups - 1) / groups;
+    std::vector<WorkItem> cut;
+    for (const WorkItem& whole : items) {
+      for (int64_t h = 0; h < num_kv_heads; h += per_group) {
+        WorkItem part = whole;
+        part.head_begin = h;
+        part.head_end = std::min(num_kv_heads, h + per_group);
+        cut.push_back(part);
+      }
+    }
+    items.swap(cut);
   }
   auto out = torch::empty_like(query);  // [T, H, D]
   std::vector<float> partial_states(num_partials * kQueryTile * num_heads * (head_dim + 2));

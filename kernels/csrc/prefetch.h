@@ -22,28 +22,44 @@ constexpr int64_t kCacheLine = 64;
 class Prefetcher {
  public:
   // Start on [p, p + bytes), first asking for whatever is left of the previous range.
-  void start(const void* p, int64_t bytes) {
+  void start(const void* p, int64_t bytes) { start(p, 1, bytes, bytes); }
+
+  // Start on `rows` runs of `run` bytes, `stride` bytes apart from p (some heads of every
+  // slot of a KV block), first asking for whatever is left of the previous range.
+  void start(const void* p, int64_t rows, int64_t run, int64_t stride) {
     finish();
-    next_ = static_cast<const char*>(p);
-    end_ = next_ + bytes;
+    row_ = next_ = static_cast<const char*>(p);
+    end_ = next_ + run;
+    rows_left_ = run > 0 ? rows : 0;
+    run_ = run;
+    stride_ = stride;
   }
 
   // Ask for the next line of the range, if any is left.
   inline void step() {
-    if (next_ < end_) {
-      __builtin_prefetch(next_, 0, kPrefetchLocality);
-      next_ += kCacheLine;
+    if (next_ >= end_) {
+      if (rows_left_ <= 1) return;
+      --rows_left_;
+      row_ += stride_;
+      next_ = row_;
+      end_ = row_ + run_;
     }
+    __builtin_prefetch(next_, 0, kPrefetchLocality);
+    next_ += kCacheLine;
   }
 
   // Ask for every line left.
   void finish() {
-    for (; next_ < end_; next_ += kCacheLine) __builtin_prefetch(next_, 0, kPrefetchLocality);
+    while (next_ < end_ || rows_left_ > 1) step();
   }
 
  private:
+  const char* row_ = nullptr;
   const char* next_ = nullptr;
   const char* end_ = nullptr;
+  int64_t rows_left_ = 0;
+  int64_t run_ = 0;
+  int64_t stride_ = 0;
 };
 
 }  // namespace inflight_cpu

@@ -332,3 +332,27 @@ def test_a_sequence_gets_the_same_output_in_any_batch() -> None:
                                             batch.block_tables[i : i + 1],
                                             batch.context_lens[i : i + 1], 0.125)
         assert torch.equal(alone, together[i : i + 1])
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_kv_heads_cut_between_idle_threads_give_the_same_output(threads: int) -> None:
+    """Bitwise: with fewer work items than threads a tile's KV heads are cut into groups
+    (each its own item, segments' partial states included); one thread cuts nothing."""
+    lens = [30, 257, 700]  # one segment; one, at a block boundary; two, merged from partials
+    batch = make_paged_batch(lens, 16, 3, 64, seed=13)
+    query = scores_query(len(lens), 9, 64, seed=13)
+    backend = cpu_native.make_backend()
+    before = torch.get_num_threads()
+    results = {}
+    for n in (1, threads):
+        torch.set_num_threads(n)
+        try:
+            for i in range(len(lens)):
+                args = (query[i : i + 1], batch.k_cache, batch.v_cache, batch.block_tables[i : i + 1],
+                        batch.context_lens[i : i + 1], 0.125)
+                results[n, i, "plain"] = backend.decode_attention(*args)
+                results[n, i, "window"] = backend.decode_attention(*args, window=100, softcap=30.0)
+        finally:
+            torch.set_num_threads(before)
+    for (_, i, kind), out in results.items():
+        assert torch.equal(out, results[1, i, kind]), f"{threads} threads, sequence {i}, {kind}"
