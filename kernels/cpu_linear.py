@@ -35,27 +35,14 @@ def load(isa: str | None = None) -> ModuleType:
     return _extension(isa or cpu_native.default_isa())
 
 
-def packed_shape(weight: torch.Tensor, ext: ModuleType | None = None) -> tuple[int, int, int]:
-    """The shape ``[P, K, W]`` that :func:`pack` gives ``weight`` ``[N, K]``."""
-    width = int((ext or load()).panel_width())
-    n, k = weight.shape
-    return -(-n // width), k, width
-
-
-def pack(weight: torch.Tensor, ext: ModuleType | None = None,
-         out: torch.Tensor | None = None) -> torch.Tensor:
+def pack(weight: torch.Tensor, ext: ModuleType | None = None) -> torch.Tensor:
     """``weight`` ``[N, K]`` fp32 as column panels ``[P, K, W]``, P = ceil(N / W), the
-    columns past N zero; written into ``out`` (contiguous, of :func:`packed_shape`) when
-    given, else into a new tensor."""
+    columns past N zero."""
     ext = ext or load()
     width = int(ext.panel_width())
     n, k = weight.shape
     full, rest = divmod(n, width)
-    shape = packed_shape(weight, ext)
-    if out is None:
-        out = weight.new_empty(shape)  # [P, K, W], the only copy made
-    elif tuple(out.shape) != shape or not out.is_contiguous() or out.dtype != weight.dtype:
-        raise ValueError(f"pack: out must be a contiguous {weight.dtype} tensor of shape {shape}")
+    out = weight.new_empty(full + (rest > 0), k, width)  # [P, K, W], the only copy made
     w = weight.detach()
     out[:full] = w[: full * width].view(full, width, k).transpose(1, 2)  # [full, K, W]
     if rest:

@@ -112,15 +112,3 @@ def test_grouped_linear_refuses_bad_offsets_and_shapes(ext) -> None:
     other = [*packed[:2], cpu_linear.pack(torch.randn(8, 12), ext)]
     with pytest.raises(RuntimeError, match="expert 2"):
         cpu_linear.grouped_linear(x, [0, 1, 2, 4], other, 8, ext)
-
-
-def test_packs_into_a_given_tensor_or_refuses_it(ext) -> None:
-    w = torch.randn(50, 24)
-    shape = cpu_linear.packed_shape(w, ext)
-    out = torch.full(shape, float("nan"))
-    assert cpu_linear.pack(w, ext, out) is out
-    assert torch.equal(out, cpu_linear.pack(w, ext))  # the zero padding written too
-    with pytest.raises(ValueError, match="shape"):
-        cpu_linear.pack(w, ext, torch.empty(shape[0] + 1, *shape[1:]))
-    with pytest.raises(ValueError, match="contiguous"):
-        cpu_linear.pack(w, ext, torch.empty(shape[::-1]).permute(2, 1, 0))

@@ -18,7 +18,6 @@ from worker.engine.models.cpu_linear import (
     OneDnnMatmul,
     PackedLinear,
     PanelMatmul,
-    PanelPacker,
     onednn_available,
     pack_linears,
     packer_for,
@@ -41,25 +40,6 @@ def test_packed_linears_match_nn_linear_at_every_row_count(monkeypatch, kind: st
     assert isinstance(model[0].matmul, PanelMatmul if kind == "native" else OneDnnMatmul)
     for rows in (1, 5, 37):
         torch.testing.assert_close(model(x[:rows]), expected[:rows], rtol=1e-5, atol=1e-5)
-
-
-def test_the_native_packer_lays_weights_out_one_after_another_in_arenas(monkeypatch) -> None:
-    monkeypatch.delenv(LINEAR_ENV, raising=False)
-    pack = packer_for(torch.float32)
-    assert isinstance(pack, PanelPacker)
-    monkeypatch.setattr(PanelPacker, "ARENA_BYTES", 64 * 1024)  # 16,384 floats an arena
-    torch.manual_seed(0)
-    weights = [torch.randn(out, inp) for out, inp in ((40, 64), (7, 30), (96, 150), (300, 64))]
-    packed = [pack(w) for w in weights]
-    first, second, third, fourth = (m.panels for m in packed)
-    assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
-    gap = second.data_ptr() - first.data_ptr()
-    assert gap >= first.numel() * 4 and gap % 64 == 0 and gap - first.numel() * 4 < 64  # next line
-    assert third.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()  # did not fit
-    assert fourth.numel() * 4 > PanelPacker.ARENA_BYTES  # an arena of its own size
-    x = torch.randn(5, 150)
-    for w, m in zip(weights, packed, strict=True):
-        torch.testing.assert_close(m(x[:, : w.shape[1]]), x[:, : w.shape[1]] @ w.t(), rtol=1e-5, atol=1e-4)
 
 
 def test_fp32_gets_the_native_panels_and_bf16_onednn(monkeypatch) -> None:

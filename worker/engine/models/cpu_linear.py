@@ -20,7 +20,6 @@ invariance holds; tests check it).
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
@@ -73,56 +72,16 @@ class OneDnnMatmul:
 
 
 class PanelMatmul:
-    """An fp32 weight in the native kernel's column panels (``kernels.cpu_linear``), in
-    ``out`` when given (a slice of a :class:`PanelPacker`'s arena)."""
+    """An fp32 weight in the native kernel's column panels (``kernels.cpu_linear``)."""
 
-    def __init__(self, weight: torch.Tensor, ext, out: torch.Tensor | None = None) -> None:  # [out, in]
+    def __init__(self, weight: torch.Tensor, ext) -> None:  # [out, in]
         from kernels import cpu_linear
 
         self.ext, self.out_features = ext, weight.shape[0]
-        self.panels = cpu_linear.pack(weight, ext, out)  # [P, in, W]
+        self.panels = cpu_linear.pack(weight, ext)  # [P, in, W]
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return self.ext.linear(x, self.panels, self.out_features, bias)
-
-
-class PanelPacker:
-    """Packs fp32 weights into the native panels one after another in shared arenas of at
-    least ``ARENA_BYTES``, in the order it is called (the forward's order under
-    :func:`pack_linears`), each panel set starting on a cache line.
-
-    Where the panels live changes how fast they stream: on a 2-core Zen 4 VM all of
-    SmolLM2's linears at 1 and 8 rows took 0.92-0.99x the time (median 0.96x, twelve paired
-    rounds) from one arena written front to back than from one tensor each, and the head
-    alone read at 52-58 GB/s from a fresh copy against 39-43 from where packing had put it
-    (docs/benchmarks.md). An arena is a fresh anonymous memory map (never memory a
-    malloc had handed out before) first written in reading order; a page never written
-    costs no memory, so an arena's unused tail is free.
-    """
-
-    ARENA_BYTES = 64 * 2**20
-    ALIGN_FLOATS = 16  # 64 bytes
-
-    def __init__(self, ext) -> None:
-        self.ext = ext
-        self.arena: torch.Tensor | None = None  # [floats], 1-D fp32
-        self.used = 0
-
-    def _take(self, shape: tuple[int, int, int]) -> torch.Tensor:  # [P, K, W], uninitialised
-        floats = shape[0] * shape[1] * shape[2]
-        if self.arena is None or self.used + floats > self.arena.numel():
-            size = max(floats, self.ARENA_BYTES // 4)
-            region = mmap.mmap(-1, size * 4)  # fresh zero pages, whatever the allocator holds
-            self.arena = torch.frombuffer(region, dtype=torch.float32, count=size)  # keeps region alive
-            self.used = 0
-        out = self.arena[self.used:self.used + floats].view(shape)
-        self.used += -(-floats // self.ALIGN_FLOATS) * self.ALIGN_FLOATS
-        return out
-
-    def __call__(self, weight: torch.Tensor) -> PanelMatmul:  # [out, in]
-        from kernels import cpu_linear
-
-        return PanelMatmul(weight, self.ext, self._take(cpu_linear.packed_shape(weight, self.ext)))
 
 
 class GroupedPanelMatmul:
@@ -164,7 +123,7 @@ def packer_for(dtype: torch.dtype) -> Packer | None:
         except Exception:  # no compiler, no AVX2: oneDNN's packing still beats F.linear
             ext = None
         if ext is not None:
-            return PanelPacker(ext)
+            return lambda weight: PanelMatmul(weight, ext)
     if onednn_available(dtype):
         return OneDnnMatmul
     return None
