@@ -9,21 +9,14 @@ model side (which models and steps take it) is ``worker/engine/models/native_sta
 
 from __future__ import annotations
 
-import functools
 from types import ModuleType
 
 DECODER_NAME = "inflight_decoder_cpu"
 
 
-@functools.cache
-def _extension(isa: str) -> ModuleType:
-    from kernels import cpu_native
-
-    return cpu_native.build(DECODER_NAME, "decoder_cpu.cpp", isa)
-
-
 def load(isa: str | None = None) -> ModuleType:
-    """The build for ``isa`` (default: the widest this CPU runs, or ``INFLIGHT_CPU_ISA``)."""
+    """The build for ``isa`` (default: the widest this CPU runs, or ``INFLIGHT_CPU_ISA``),
+    compiled on the first call on a machine (``cpu_native.build`` keeps it per process)."""
     from kernels import cpu_native
 
-    return _extension(isa or cpu_native.default_isa())
+    return cpu_native.build(DECODER_NAME, "decoder_cpu.cpp", isa or cpu_native.default_isa())

@@ -10,8 +10,8 @@
 //
 // The kernels are those of linear_cpu.cpp, paged_attention_cpu.cpp and fused_cpu.cpp,
 // included here (with INFLIGHT_NO_MODULE, so their Python modules are not made twice) and
-// built with the flags of each of their own builds (kernels/cpu_decoder.py): the element-
-// wise ops are compiled without multiply-add contraction, as in their own module.
+// compiled as their own builds compile them: the element-wise ops of fused_cpu.cpp without
+// multiply-add contraction (the pragma below; their module gets -ffp-contract=off).
 //
 // The stack covers the layers of the "pre" layout with a dense SwiGLU MLP: full rotary
 // embedding from one table or none (SmolLM3's NoPE layers), an optional per-head q/k norm
@@ -149,8 +149,6 @@ class DecoderStack {
     return delta;
   }
 
-  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
-
  private:
   std::vector<Layer> layers_;
   int64_t num_heads_, num_kv_heads_, head_dim_;
@@ -165,7 +163,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     const std::vector<bool>&, int64_t, int64_t, int64_t, double, double, double,
                     double>())
       .def("run", &DecoderStack::run, "one decode step through every layer; returns the last MLP output",
-           py::call_guard<py::gil_scoped_release>())
-      .def("num_layers", &DecoderStack::num_layers);
+           py::call_guard<py::gil_scoped_release>());
   m.def("panel_width", &panel_width, "output columns per packed panel (must match kernels/cpu_linear.py)");
 }

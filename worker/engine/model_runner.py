@@ -158,8 +158,7 @@ class ModelRunner:
         self.v_pool = kv_pool_tensor((config.num_hidden_layers, *shape), self.dtype, device,
                                      committed=self.kv_pool_committed)
         self.kv_caches = [(self.k_pool[i], self.v_pool[i]) for i in range(config.num_hidden_layers)]
-        if self.prepacked:  # decode steps through every layer in one native call, where it covers them
-            model.native_stack = build_native_stack(model, self.kv_caches)
+        model.native_stack = build_native_stack(model, self.kv_caches)  # None where it does not cover
         self.pin = device.type == "cuda"  # stage host inputs in pinned memory for async copies
         use_graphs = args.decode_graphs if args.decode_graphs is not None else device.type == "cuda"
         self.decode_graphs: DecodeGraphs | None = None

@@ -5,9 +5,10 @@ It covers fp32 models on the CPU whose weights are packed into the native panels
 layers are the pre-norm shape with a dense SwiGLU MLP: full rotary embedding from one
 table or none (SmolLM3's NoPE layers), no q/k norm or a per-head one (Qwen3), any sliding
 windows, attention soft-cap, biases and residual scale (Granite): Llama, Qwen2, Qwen3,
-Mistral, Phi-3, Granite and SmolLM2/3 among the families of ``registry.py``. A step takes it when every token is a decode token and it is given
-the KV caches the stack was made over. The stack runs the same kernels in the same order
-as the Python loop, so the logits are the same bit for bit (tests/models/test_native_stack.py).
+Mistral, Phi-3, Granite and SmolLM2/3 among the families of ``registry.py``. A step takes
+it when every token is a decode token and it is given the KV caches the stack was made
+over. The stack runs the same kernels in the same order as the Python loop, so the logits
+are the same bit for bit (tests/models/test_native_stack.py).
 
 ``INFLIGHT_CPU_DECODE_STACK=off`` keeps every step on the Python loop (for comparisons).
 """
@@ -47,9 +48,8 @@ def unsupported(model: PackedCausalLM, kv_caches: KVCaches) -> str | None:
     for layer in model.decoder_layers:
         if not isinstance(layer.mlp, MLP):
             return "a mixture-of-experts layer"
-        linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                   layer.mlp.down_proj)
-        if not all(isinstance(m, PackedLinear) and isinstance(m.matmul, PanelMatmul) for m in linears):
+        if not all(isinstance(m, PackedLinear) and isinstance(m.matmul, PanelMatmul)
+                   for m in _projections(layer)):
             return "weights not packed into the native panels"
     if any(k.dtype != torch.float32 or v.dtype != torch.float32 for k, v in kv_caches):
         return "a KV cache that is not fp32"
@@ -71,8 +71,8 @@ class NativeDecodeStack:
             norms += [layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
                       none if attn.q_norm is None else attn.q_norm.weight.detach(),
                       none if attn.k_norm is None else attn.k_norm.weight.detach()]
-            for linear in _linears(layer):
-                assert isinstance(linear.matmul, PanelMatmul)
+            for linear in _projections(layer):
+                assert isinstance(linear, PackedLinear) and isinstance(linear.matmul, PanelMatmul)
                 panels.append(linear.matmul.panels)  # [P, K, W]
                 widths.append(linear.out_features)
                 biases.append(none if linear.bias is None else linear.bias)
@@ -94,18 +94,19 @@ class NativeDecodeStack:
             rope: dict[str, tuple[torch.Tensor, torch.Tensor]],  # table -> cos, sin [T, D]
             meta: AttentionMetadata) -> torch.Tensor:  # [T, H]
         """Every layer over a decode step; returns the last MLP output, not yet added."""
-        none = hidden.new_empty(0, 0)
-        cos, sin = rope[self.rope_key] if self.rope_key is not None else (none, none)
+        if self.rope_key is None:  # no layer rotates: the kernel never reads them
+            cos = sin = hidden.new_empty(0, 0)
+        else:
+            cos, sin = rope[self.rope_key]
         return self.stack.run(hidden, cos, sin, meta.slot_mapping, meta.block_tables,
                               meta.context_lens)
 
 
-def _linears(layer: DecoderLayer) -> list[PackedLinear]:
+def _projections(layer: DecoderLayer) -> tuple[nn.Module, ...]:
+    """The layer's q/k/v, o, gate/up and down projections, in the stack's order."""
     mlp = layer.mlp
     assert isinstance(mlp, MLP)
-    found: list[nn.Module] = [layer.self_attn.qkv_proj, layer.self_attn.o_proj, mlp.gate_up_proj,
-                              mlp.down_proj]
-    return [m for m in found if isinstance(m, PackedLinear)]
+    return (layer.self_attn.qkv_proj, layer.self_attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
 
 
 def build_native_stack(model: PackedCausalLM, kv_caches: KVCaches) -> NativeDecodeStack | None:
