@@ -19,7 +19,7 @@ _ENGINE_FIELDS = (
     "enable_chunked_prefill", "attention_backend", "seed", "num_threads", "prepack_weights",
     "num_speculative_tokens", "speculative_max_rows",
     "interactive_reserve_seqs", "interactive_reserve_tokens", "interactive_priority",
-    "interactive_batch_rows", "interactive_step_ms", "interactive_fast_lane",
+    "interactive_batch_rows", "interactive_step_ms", "interactive_fast_lane", "interactive_interject_ms",
 )
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -107,6 +107,10 @@ def add_engine_flags(parser: argparse.ArgumentParser, *, default_model: str = "s
                    help="the step that admits a newly arrived interactive job computes no "
                         "batch rows (never two such steps in a row), so its prompt waits on "
                         "interactive work only (default: on; needs --interactive-priority)")
+    g.add_argument("--interactive-interject-ms", type=float, metavar="MS",
+                   help="a step expected to take longer than MS milliseconds pauses between "
+                        "layers to run newly arrived interactive jobs' prompts in a step of "
+                        "their own (default: 100; 0: never; needs --interactive-priority)")
     g.add_argument("--seed", type=int, help="seed of requests that do not set their own")
     g.add_argument("--num-threads", type=int, metavar="N", help="torch threads on CPU")
 

@@ -363,6 +363,7 @@ def test_engine_steps_teach_the_step_time_model_and_the_flags_set_the_budget() -
 
 def test_a_negative_or_nan_step_budget_or_reserve_is_refused_clearly() -> None:
     for bad in ({"interactive_step_ms": -1.0}, {"interactive_step_ms": float("nan")},
-                {"interactive_batch_rows": -1}, {"interactive_reserve_seqs": -1}):
-        with pytest.raises(InvalidRequestError, match="interactive_step_ms must be >= 0"):
+                {"interactive_batch_rows": -1}, {"interactive_reserve_seqs": -1},
+                {"interactive_interject_ms": -1.0}, {"interactive_interject_ms": float("nan")}):
+        with pytest.raises(InvalidRequestError, match="interactive_interject_ms must be >= 0"):
             EngineArgs(**bad)  # type: ignore[arg-type]

@@ -243,22 +243,49 @@ class Admission:
                     budget = self.max_num_batched_tokens - sum(s.num_new_tokens for s in out.scheduled)
                     continue
                 return "blocks"
-            self.waiting.remove(seq)
-            if hits:
-                bm.take_cached(seq, hits)
-                out.num_cached_tokens += len(hits) * bm.block_size
-                if seq.metrics.first_scheduled_time is None:  # not a recompute's hits again
-                    seq.metrics.num_cached_tokens = len(hits) * bm.block_size
-            bm.grow(seq, computed + num_new)
-            if self.swap is not None:
-                self.swap.swap_in(seq)  # its swapped KV is copied into the new blocks
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            out.scheduled.append(ScheduledSequence(seq, num_new))
-            out.num_admitted += 1
+            self._start(seq, out, hits, computed + num_new)
             budget -= num_new
             if seq.is_batch and batch_room is not None:
                 batch_room -= num_new
+
+    def _start(self, seq: Sequence, out: SchedulerOutput, hits: list[int], target: int) -> None:
+        """Move waiting ``seq`` to running with the cached prefix blocks ``hits`` and blocks
+        up to ``target`` tokens; plan its rows up to there."""
+        bm = self.block_manager
+        self.waiting.remove(seq)
+        if hits:
+            bm.take_cached(seq, hits)
+            out.num_cached_tokens += len(hits) * bm.block_size
+            if seq.metrics.first_scheduled_time is None:  # not a recompute's hits again
+                seq.metrics.num_cached_tokens = len(hits) * bm.block_size
+        num_new = target - seq.num_computed_tokens
+        bm.grow(seq, target)
+        if self.swap is not None:
+            self.swap.swap_in(seq)  # its swapped KV is copied into the new blocks
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        out.scheduled.append(ScheduledSequence(seq, num_new))
+        out.num_admitted += 1
+
+    def _admit_arrivals(self, out: SchedulerOutput) -> None:
+        """Admit the interactive requests never scheduled yet, in the policy's order, each prompt
+        whole, within the free sequence slots, the free KV blocks and the token budget;
+        nothing is preempted and no running sequence is planned (see
+        ``Scheduler.schedule_arrivals``)."""
+        bm = self.block_manager
+        budget = self.max_num_batched_tokens
+        arrivals = [s for s in self.waiting if not s.is_batch and s.metrics.first_scheduled_time is None]
+        while arrivals and len(self.running) + len(self.padding) < self.max_num_seqs:
+            seq = next_waiting(self.policy, arrivals, self.ledger)
+            arrivals.remove(seq)
+            hits = bm.match_prefix(seq) if seq.prompt_logprobs is None else []
+            remaining = seq.num_tokens - len(hits) * bm.block_size
+            revived = sum(1 for b in hits if bm.ref_counts[b] == 0)
+            needed = bm.blocks_needed(seq.num_tokens) - len(hits)
+            if remaining > budget or needed + revived > bm.num_free_blocks:
+                return  # the next regular step admits it (and the ones behind it)
+            self._start(seq, out, hits, seq.num_tokens)
+            budget -= remaining
 
     def _preempt_lower_priority(self, incoming: Sequence, out: SchedulerOutput) -> bool:
         """Priority policy: make room for ``incoming`` by preempting a lower-priority runner.

@@ -72,6 +72,12 @@ class EngineArgs:
     # prompt waits on a step of interactive work only, not on a capped batch step (needs
     # interactive_priority; docs/benchmarks.md, "fast lane").
     interactive_fast_lane: bool = True
+    # A step expected to take longer than this many milliseconds (the step-time model's
+    # estimate) pauses between every two layers when the service loop has interactive
+    # arrivals, and runs a step of their prompts alone there (LLMEngine.interjected_step):
+    # an arrival waits for a layer of a wide batch step, not for the whole step (needs
+    # interactive_priority; 0: never; docs/benchmarks.md, "interjected steps").
+    interactive_interject_ms: float = 100.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -91,9 +97,11 @@ class EngineArgs:
         if self.swap_space < 0 or self.swap_min_tokens < 1:
             raise InvalidRequestError("swap_space must be >= 0 bytes and swap_min_tokens >= 1")
         if (self.interactive_reserve_seqs < 0 or self.interactive_reserve_tokens < 0
-                or self.interactive_batch_rows < 0 or not self.interactive_step_ms >= 0):
+                or self.interactive_batch_rows < 0 or not self.interactive_step_ms >= 0
+                or not self.interactive_interject_ms >= 0):
             raise InvalidRequestError("interactive_reserve_seqs, interactive_reserve_tokens, "
-                                      "interactive_batch_rows and interactive_step_ms must be >= 0")
+                                      "interactive_batch_rows, interactive_step_ms and "
+                                      "interactive_interject_ms must be >= 0")
         if self.max_num_seqs < 1:
             raise InvalidRequestError(f"max_num_seqs={self.max_num_seqs}: must be >= 1")
         if self.max_num_batched_tokens < 1:

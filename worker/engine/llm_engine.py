@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -178,43 +179,97 @@ class LLMEngine:
         return max(0, sched.max_num_seqs - present)
 
     # -- the step ---------------------------------------------------------------------
-    def step(self) -> tuple[list[RequestOutput], StepStats]:
-        """Schedule, run, sample, update: one forward pass, its tokens, what finished."""
+    def step(self, between_layers: Callable[[], None] | None = None) -> tuple[list[RequestOutput], StepStats]:
+        """Schedule, run, sample, update: one forward pass, its tokens, what finished.
+
+        ``between_layers``: when the step is expected to outlast
+        ``interactive_interject_ms``, called between every two layers of its forward,
+        where it may start newly arrived interactive requests with
+        :meth:`interjected_step` (the service loop's hook: ``EngineLoop._interject``), so
+        that they wait for one layer of a long batch step, not for the whole of it."""
+        step = self._claim_step_index()
         timer = StepTimer(waiting_before=len(self.scheduler.waiting))
         outputs = self.tracker.report_aborted(timer.start)  # aborted since the last step
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
-        plan = self.scheduler.schedule(self.step_index, timer.start)
+        plan = self.scheduler.schedule(step, timer.start)
         timer.lap()  # schedule
-        logits = self._run(plan)
+        pause = self._pause_hook(plan, between_layers, timer)
+        return self._finish_step(step, plan, timer, outputs, pause)
+
+    def interjected_step(self) -> tuple[list[RequestOutput], StepStats] | None:
+        """A step of interactive arrivals only (their prompts and first tokens), run while
+        another step's forward is paused between two layers; None when none can start now
+        (no free slot, KV blocks or budget: the next regular step admits them). It plans
+        nothing of the paused step's sequences and preempts nothing
+        (``Scheduler.schedule_arrivals``), and it writes other KV blocks than the paused
+        step, so that step resumes as if nothing had run."""
+        timer = StepTimer(waiting_before=len(self.scheduler.waiting))
+        plan = self.scheduler.schedule_arrivals(self.step_index, timer.start)
+        if plan.is_empty:
+            return None
+        step = self._claim_step_index()
+        timer.lap()  # schedule
+        return self._finish_step(step, plan, timer, [], None)
+
+    def _claim_step_index(self) -> int:
+        """The next step number (an interjected step takes the one after its paused step's)."""
+        self.step_index += 1
+        return self.step_index - 1
+
+    def _pause_hook(self, plan: SchedulerOutput, between_layers: Callable[[], None] | None,
+                    timer: StepTimer) -> Callable[[], None] | None:
+        """``between_layers`` for a step of batch work expected to outlast
+        ``interactive_interject_ms`` (from the step-time model; a step is long when there is
+        no estimate yet), wrapped so
+        that the time it takes is taken off this step's forward (it runs steps of its own);
+        None otherwise."""
+        limit_s = self.args.interactive_interject_ms / 1000
+        if (between_layers is None or not limit_s or not self.scheduler.interactive_priority
+                or not any(s.seq.is_batch for s in plan.scheduled)):
+            return None  # an arrival may wait for interactive work, never for batch work
+        fitted = self.scheduler.step_time.fit()
+        rows = sum(s.num_new_tokens for s in plan.scheduled)
+        if fitted is not None and fitted[0] + fitted[1] * rows <= limit_s:
+            return None
+
+        def pause() -> None:
+            started = time.perf_counter()
+            between_layers()
+            timer.pause(time.perf_counter() - started)
+        return pause
+
+    def _finish_step(self, step: int, plan: SchedulerOutput, timer: StepTimer, outputs: list[RequestOutput],
+                     pause: Callable[[], None] | None) -> tuple[list[RequestOutput], StepStats]:
+        """Run, sample and update a scheduled ``plan``; its outputs after ``outputs``."""
+        logits = self._run(plan, pause)
         timer.lap()  # forward
         forks = self.scheduler.fork(plan)  # n > 1: the other samples of the prompts just run
         sampled = sample_step(plan, logits, self.sampler, forks)
         appended = self.scheduler.update_from_output(plan, sampled)
         outputs += self.tracker.outputs(appended, time.time())
         timer.lap()  # sample
-        return outputs, self._count(plan, outputs, timer, sampled.num_accepted)
+        return outputs, self._count(step, plan, outputs, timer, sampled.num_accepted)
 
-    def _run(self, plan: SchedulerOutput) -> torch.Tensor | None:
-        """The block copies the plan needs, then its forward: logits ``[rows, vocab]`` laid
-        out as ``plan.logits_rows`` (None when nothing runs); the prompt logprobs asked for
-        are recorded from them."""
+    def _run(self, plan: SchedulerOutput, pause: Callable[[], None] | None = None) -> torch.Tensor | None:
+        """The block copies the plan needs, then its forward (``pause`` between its layers):
+        logits ``[rows, vocab]`` laid out as ``plan.logits_rows`` (None when nothing runs);
+        the prompt logprobs asked for are recorded from them."""
         self.runner.copy_blocks(plan.block_copies)  # copy-on-write, before anything writes
         if self.swapper is not None:
             self.swapper.apply()  # swapped KV out to the host and back, before the forward
         if plan.is_empty:
             return None
-        logits = self.runner.execute(plan)
+        logits = self.runner.execute(plan, pause)
         if plan.logits_rows.prompt_rows:
             record_prompt_logprobs(plan, logits)
         return logits
 
-    def _count(self, plan: SchedulerOutput, outputs: list[RequestOutput], timer: StepTimer,
+    def _count(self, step: int, plan: SchedulerOutput, outputs: list[RequestOutput], timer: StepTimer,
                num_accepted: int) -> StepStats:
-        """The step's StepStats; the step and draft counters move on."""
-        stats = step_stats(self.step_index, plan, self.scheduler, outputs, timer, num_accepted)
+        """Step ``step``'s StepStats; the draft counters move on."""
+        stats = step_stats(step, plan, self.scheduler, outputs, timer, num_accepted)
         self.scheduler.record_step_time(plan, stats.seconds)
-        self.step_index += 1
         self.total_draft_tokens += stats.num_draft_tokens
         self.total_accepted_tokens += num_accepted
         return stats

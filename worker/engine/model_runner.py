@@ -11,6 +11,7 @@ import logging
 import math
 import mmap
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -251,8 +252,11 @@ class ModelRunner:
         self.v_pool[:, dst] = self.v_pool[:, src]
 
     @torch.inference_mode()
-    def execute(self, plan: SchedulerOutput) -> torch.Tensor:
-        """Run one step; logits ``[num_rows, vocab]`` in the order of ``plan.logits_rows``."""
+    def execute(self, plan: SchedulerOutput,
+                between_layers: Callable[[], None] | None = None) -> torch.Tensor:
+        """Run one step; logits ``[num_rows, vocab]`` in the order of ``plan.logits_rows``.
+        ``between_layers``: called after every layer but the last (see
+        ``PackedCausalLM.forward``); a step run as a captured graph calls it never."""
         input_ids, meta = self.build_inputs(plan)
         graphs = self.decode_graphs
         if (graphs is not None and meta.num_decode_seqs == meta.num_seqs
@@ -260,4 +264,4 @@ class ModelRunner:
             logits = graphs.run(input_ids, meta)  # [num_seqs, vocab]: a row per sequence
             rows = plan.logits_rows.token_indices  # one query per sequence: token = sequence
             return logits if len(rows) == meta.num_seqs else logits[rows]
-        return self.model(input_ids, meta, self.kv_caches, self.backend)
+        return self.model(input_ids, meta, self.kv_caches, self.backend, between_layers)

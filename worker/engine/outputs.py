@@ -82,6 +82,10 @@ class StepStats:
     num_running_interactive: int = 0
     num_waiting_interactive: int = 0
     num_interactive_tokens: int = 0
+    # how long the step's forward was paused between two layers while interjected steps of
+    # interactive arrivals ran (LLMEngine.interjected_step; each has its own row); not in
+    # forward_seconds, so the rows' times add up to the engine's
+    paused_seconds: float = 0.0
     # the rows each request computed in this step (by request id, the samples of an n > 1
     # request summed under it; pad rows are nobody's): the work its time is split by
     # (``worker.engine.step_cost``)

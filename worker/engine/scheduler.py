@@ -147,6 +147,25 @@ class Scheduler(Admission):
             if self.policy in COHORT_POLICIES and stopped_by != "budget":
                 self.cohort_open = False  # full, out of blocks, or nothing left to admit
         out.scheduled.sort(key=lambda s: not s.is_decode)  # decodes first (stable)
+        self._stamp(out, step, now)
+        return out
+
+    def schedule_arrivals(self, step: int, now: float) -> SchedulerOutput:
+        """Plan a step of interactive arrivals only, while another step's forward is
+        paused between two layers (``LLMEngine.interjected_step``): the interactive requests
+        never scheduled yet, each prompt whole, within the free slots, the free KV blocks
+        and the token budget. Nothing is preempted and no running sequence is planned: the
+        paused step holds their blocks and computes their rows. Empty without interactive
+        priority (only then do arrivals go ahead of batch work)."""
+        out = SchedulerOutput()
+        if self.interactive_priority:
+            self._admit_arrivals(out)
+        self._stamp(out, step, now)
+        return out
+
+    def _stamp(self, out: SchedulerOutput, step: int, now: float) -> None:
+        """Charge the planned rows to their tenants; stamp the sequences that run in step
+        ``step`` (and ``now``, the first time)."""
         for s in out.scheduled:
             self.ledger.charge(s.seq.tenant, s.num_new_tokens)
             if not s.is_pad:
@@ -154,7 +173,6 @@ class Scheduler(Admission):
                 if metrics.first_scheduled_time is None:
                     metrics.first_scheduled_time, metrics.first_step = now, step
                 metrics.last_step = step
-        return out
 
     def record_step_time(self, plan: SchedulerOutput, seconds: float) -> None:
         """A step's wall time: learnt by the step-time model (the interactive step budget)

@@ -43,12 +43,13 @@ class StepTimer:
     """When a step began and how long its sections took: ``lap()`` ends one, in the order
     schedule, forward, sample (``StepStats.*_seconds``)."""
 
-    __slots__ = ("_last", "laps", "start", "waiting_before")
+    __slots__ = ("_last", "laps", "paused", "start", "waiting_before")
 
     def __init__(self, waiting_before: int) -> None:
         self.start = time.time()  # wall clock, for StepStats.start_time and the requests
         self.waiting_before = waiting_before  # the waiting queue's length as the step began
         self.laps: list[float] = []  # seconds of each section ended so far
+        self.paused = 0.0  # seconds left out of the sections (steps run inside this one)
         self._last = time.perf_counter()
 
     def lap(self) -> None:
@@ -56,6 +57,12 @@ class StepTimer:
         now = time.perf_counter()
         self.laps.append(now - self._last)
         self._last = now
+
+    def pause(self, seconds: float) -> None:
+        """Leave ``seconds`` out of the current section: the step was paused that long
+        while other steps ran (``LLMEngine.interjected_step``), which count them."""
+        self._last += seconds
+        self.paused += seconds
 
 
 def step_work(plan: SchedulerOutput) -> dict[str, int]:
@@ -108,5 +115,6 @@ def step_stats(
         num_running_interactive=sum(1 for s in scheduler.running if not s.is_batch),
         num_waiting_interactive=sum(1 for s in scheduler.waiting if not s.is_batch),
         num_interactive_tokens=sum(s.num_new_tokens for s in plan.scheduled if not s.seq.is_batch),
+        paused_seconds=timer.paused,
         work=step_work(plan),
     )

@@ -9,6 +9,7 @@ output (``delta``) to it, as one fused op where the device has it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, cast
 
 import torch
@@ -68,8 +69,13 @@ class PackedCausalLM(nn.Module):
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k, v) caches
         backend: AttentionBackend,
+        between_layers: Callable[[], None] | None = None,
     ) -> torch.Tensor:  # [num_sampled, vocab_size]
-        """Run all layers over the packed step and return logits of the requested rows."""
+        """Run all layers over the packed step and return logits of the requested rows.
+        ``between_layers`` is called after every layer but the last (the layer loop then
+        runs in Python, not in the native stack): it may run a whole other forward, of
+        other sequences in other KV blocks, since nothing here is kept outside this call
+        (``LLMEngine.interjected_step``)."""
         spec = self.spec
         hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
         if spec.embed_scale != 1.0:
@@ -79,12 +85,16 @@ class PackedCausalLM(nn.Module):
                 for key, (cos, sin) in self.rope_tables.items()}  # key -> 2 x [num_tokens, R]
         delta: torch.Tensor | None = None  # the last block's output, not yet added
         stack = self.native_stack
-        if stack is not None and self.native_ops and stack.takes(hidden.shape[0], meta, kv_caches, backend):
+        if (between_layers is None and stack is not None and self.native_ops
+                and stack.takes(hidden.shape[0], meta, kv_caches, backend)):
             delta = stack.run(hidden, rope, meta)  # the same kernels as the loop below
         else:
-            for layer, (k_cache, v_cache) in zip(self.decoder_layers, kv_caches, strict=True):
+            last_layer = len(self.decoder_layers) - 1
+            for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.decoder_layers, kv_caches, strict=True)):
                 attn = self._attention_block(layer, hidden, delta, rope, k_cache, v_cache, meta, backend, ops)
                 delta = self._mlp_block(layer, hidden, attn, ops)
+                if between_layers is not None and i < last_layer:
+                    between_layers()
         rows = meta.logits_indices
         last_delta = None if delta is None else delta[rows]
         last = ops.add_rms_norm(hidden[rows], last_delta, self.norm.weight, self.norm.eps)
