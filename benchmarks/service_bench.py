@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,10 @@ class NoOpEngine:
     def admission_capacity(self) -> int:
         return max(0, self.max_num_seqs - len(self.pending))
 
-    def step(self) -> tuple[list[RequestOutput], StepStats]:
+    def interjected_step(self) -> None:
+        return None  # its steps are instant: nothing waits on one
+
+    def step(self, between_layers: Callable[[], None] | None = None) -> tuple[list[RequestOutput], StepStats]:
         now, k = time.time(), self.step_index
         outs = [
             RequestOutput(request_id=rid, prompt=None, prompt_token_ids=ids, text="ok",
@@ -101,8 +105,8 @@ class RowCount:
     def start(self) -> None:
         self.total = 0
 
-    def _counted(self) -> tuple[list[RequestOutput], StepStats]:
-        outs, stats = self._step()
+    def _counted(self, between_layers: Callable[[], None] | None = None) -> tuple[list[RequestOutput], StepStats]:
+        outs, stats = self._step(between_layers)
         self.total += stats.num_prefill_tokens + stats.num_decode_tokens
         return outs, stats
 

@@ -15,11 +15,11 @@ def main() -> int:
     fail_after = int(os.environ["INFLIGHT_TEST_FAIL_AFTER"])
     done = [0]
 
-    def step(self):  # type: ignore[no-untyped-def]
+    def step(self, between_layers=None):  # type: ignore[no-untyped-def]
         if done[0] >= fail_after:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         done[0] += 1
-        return original(self)
+        return original(self, between_layers)
 
     LLMEngine.step = step  # type: ignore[method-assign]
     from cli.main import main as cli_main

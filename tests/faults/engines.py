@@ -16,12 +16,12 @@ def paced_tiny(config: WorkerConfig, *, step_s: float = 0.02, fail_after: int | 
     class PacedEngine(LLMEngine):
         steps_done = 0
 
-        def step(self):
+        def step(self, between_layers=None):
             if fail_after is not None and self.steps_done >= fail_after:
                 raise RuntimeError("CUDA error: an illegal memory access was encountered")
             self.steps_done += 1
             time.sleep(step_s)
-            return super().step()
+            return super().step(between_layers)
 
     return PacedEngine(
         EngineArgs(model="tiny-llama", max_num_seqs=8, num_kv_blocks=64, max_model_len=256,

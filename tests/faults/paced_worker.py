@@ -17,9 +17,9 @@ def main() -> int:
     poison = os.environ.get("INFLIGHT_TEST_POISON")
     original_step, original_add = LLMEngine.step, LLMEngine.add_request
 
-    def step(self):  # type: ignore[no-untyped-def]
+    def step(self, between_layers=None):  # type: ignore[no-untyped-def]
         time.sleep(step_s)
-        return original_step(self)
+        return original_step(self, between_layers)
 
     def add_request(self, request_id, prompt_token_ids, params=None, **kw):  # type: ignore[no-untyped-def]
         if poison and poison in (kw.get("prompt") or ""):

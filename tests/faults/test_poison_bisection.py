@@ -39,10 +39,10 @@ def _poisoned_engine(config: WorkerConfig):
             self.poisoned.discard(request_id)
             super().abort_request(request_id)
 
-        def step(self):
+        def step(self, between_layers=None):
             if self.poisoned:
                 raise RuntimeError("device-side assert triggered")
-            return super().step()
+            return super().step(between_layers)
 
     return PoisonedEngine(
         EngineArgs(model="tiny-llama", max_num_seqs=64, num_kv_blocks=256, max_model_len=256,

@@ -34,9 +34,9 @@ def _engine(_config: Any) -> Any:
     from worker.engine import EngineArgs, LLMEngine
 
     class Paced(LLMEngine):
-        def step(self):  # a few seconds for the long job, to cancel it while it runs
+        def step(self, between_layers=None):  # a few seconds for the long job, to cancel it while it runs
             time.sleep(0.01)
-            return super().step()
+            return super().step(between_layers)
 
     return Paced(EngineArgs(model="tiny-llama", max_num_seqs=8, num_kv_blocks=64,
                             max_model_len=256))

@@ -26,9 +26,9 @@ def _engine(config: WorkerConfig):
     from worker.engine import EngineArgs, LLMEngine
 
     class PacedEngine(LLMEngine):
-        def step(self):
+        def step(self, between_layers=None):
             time.sleep(0.01)  # the batch backlog takes seconds, an interactive job a few steps
-            return super().step()
+            return super().step(between_layers)
 
     return PacedEngine(EngineArgs(model="tiny-llama", max_num_seqs=8, num_kv_blocks=256,
                                   max_model_len=256))

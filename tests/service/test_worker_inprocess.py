@@ -32,9 +32,9 @@ def _engine(config: WorkerConfig):
         """The tiny model finishes a 240-token job in well under a second; 10 ms per step
         leaves the test a few seconds to see the long job running and cancel it."""
 
-        def step(self):
+        def step(self, between_layers=None):
             time.sleep(0.01)
-            return super().step()
+            return super().step(between_layers)
 
     return PacedEngine(EngineArgs(model="tiny-llama", max_num_seqs=8, num_kv_blocks=64, max_model_len=256))
 

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 
-from worker.engine.outputs import RequestOutput
+from worker.engine.outputs import RequestOutput, StepStats
 from worker.queue.job_events import DELTAS, Delta, wanted
 from worker.service.delta_publisher import DeltaPublisher
 from worker.service.engine_api import EngineAPI, EngineBroken, error_text, probe_engine
@@ -215,10 +215,31 @@ class EngineLoop:
 
     def _step(self) -> None:
         try:
-            outputs, stats = self.engine.step()
+            outputs, stats = self.engine.step(between_layers=self._interject)
         except Exception as exc:
             self._on_step_error(exc)
             return
+        self._stepped(outputs, stats)
+
+    def _interject(self) -> None:
+        """Between two layers of a long step (``LLMEngine.step``): interactive jobs that
+        arrived since it began are added and their prompts computed now, in a step of their
+        own (``LLMEngine.interjected_step``), so they wait for a layer, not for the whole
+        step. An error here fails the paused step, with what that entails (``_step``)."""
+        if (self.rt.flags.draining.is_set() or self.isolation_busy()
+                or not self.rt.inbox.num_interactive()):
+            return
+        with self.lock:
+            for held in self.rt.inbox.take(self.engine.interactive_capacity(), interactive_only=True):
+                self._add(held)
+            self._interactive_room = self.engine.interactive_capacity()
+        ran = self.engine.interjected_step()
+        if ran is not None:
+            self._stepped(*ran)
+
+    def _stepped(self, outputs: list[RequestOutput], stats: StepStats) -> None:
+        """Account a step, hand its finished jobs to the writer and its text deltas to the
+        publisher, and write its trace row."""
         self.counters.note_step(outputs, stats)
         charge(stats, self.active)  # before the finished jobs leave ``active``
         if stats.num_preemptions and self._note_preemptions:

@@ -157,4 +157,5 @@ def trace_row(worker_id: str, s: Any) -> dict[str, Any]:
         "num_running_interactive": getattr(s, "num_running_interactive", 0),
         "num_waiting_interactive": getattr(s, "num_waiting_interactive", 0),
         "num_interactive_tokens": getattr(s, "num_interactive_tokens", 0),
+        "paused_ms": getattr(s, "paused_seconds", 0.0) * 1000.0,
     }

@@ -36,3 +36,6 @@ class Iteration(Base):
     num_running_interactive: Mapped[int | None] = mapped_column(Integer, nullable=True)
     num_waiting_interactive: Mapped[int | None] = mapped_column(Integer, nullable=True)
     num_interactive_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # how long the step's forward was paused while interjected steps of interactive
+    # arrivals ran (migration 0018; None on older rows); not in forward_ms
+    paused_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
