@@ -199,3 +199,35 @@ def test_the_interject_flag_and_its_default() -> None:
     add_engine_flags(parser)
     args = parser.parse_args(["--interactive-interject-ms", "0"])
     assert engine_kwargs_from(args)["interactive_interject_ms"] == 0.0
+
+
+def test_batch_work_leaves_the_kv_reserve_free_so_an_arrival_needs_no_preemption() -> None:
+    """A pool too small for the batch: batch runners preempt batch work rather than take the
+    reserve's blocks, so an arrival between two layers finds them free."""
+    eng = engine(num_kv_blocks=48, interactive_reserve_tokens=256)
+    sched, bm = eng.scheduler, eng.block_manager
+    assert sched.reserve_blocks == 16  # 256 tokens; 48 - 16 blocks still hold max_model_len
+    tok = eng.tokenizer
+    for i, ids in enumerate(prompt_token_lists(tok, 6, seed=11, lo=40, hi=70)):
+        eng.add_request(f"b{i}", ids, greedy(120), service_class="batch")
+    batch_preempted = 0
+    for _ in range(30):
+        _, stats = eng.step()
+        batch_preempted += stats.num_preemptions
+        assert bm.num_free_blocks >= sched.reserve_blocks
+    assert batch_preempted > 0  # the batch alone outgrew 32 blocks
+    hook = Interjector(eng, prompt_token_lists(tok, 1, seed=12, lo=120, hi=120), at=1)
+    _, paused = eng.step(between_layers=hook)
+    (_, inner), = hook.steps
+    assert inner.num_admitted == 1 and inner.num_preemptions == 0 and paused.num_preemptions == 0
+    for seq in list(sched.running) + list(sched.waiting):
+        eng.abort_request(seq.request_id)
+    eng.step()
+
+
+def test_the_kv_reserve_never_keeps_a_longest_sequence_from_running_alone() -> None:
+    eng = engine(num_kv_blocks=20, max_model_len=256, interactive_reserve_tokens=256)
+    assert eng.scheduler.reserve_blocks == 4  # 20 blocks less the 16 of one 256-token sequence
+    eng.add_request("long", [5] * 100, greedy(150), service_class="batch")
+    while eng.has_unfinished_requests():
+        eng.step()

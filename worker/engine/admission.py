@@ -13,7 +13,9 @@ prefix-cache hits and resumption after preemption all fall out of it.
 Interactive and batch requests (``Sequence.service_class``; every non-cohort policy):
 batch admission stops ``interactive_reserve_seqs`` slots short of ``max_num_seqs`` and
 ``interactive_reserve_tokens`` short of the step budget (a running batch prompt's next
-chunk too), so an interactive arrival always finds room. With ``interactive_priority``
+chunk too), and batch work leaves the KV blocks of that many tokens free (a batch runner
+that would take them preempts batch work instead), so an interactive arrival always
+finds room. With ``interactive_priority``
 waiting interactive requests are admitted before any batch one (the policy orders each
 class), and one that finds the slots or KV blocks full preempts the lowest-value batch
 runner (``pick_victim`` among batch sequences; swapped or recomputed as any preemption)
@@ -65,6 +67,7 @@ class Admission:
     ledger: TenantLedger
     reserve_seqs: int  # batch admission leaves these slots free
     reserve_tokens: int  # and these tokens of the step budget
+    reserve_blocks: int  # batch work leaves these KV blocks free
     interactive_priority: bool
     interactive_batch_rows: int  # at most these batch rows per step while interactive work is present
     interactive_step_s: float  # and those that fit in a step of this length (0: no such bound)
@@ -145,7 +148,7 @@ class Admission:
                 room = min(room, cap - batch_rows)
             num_new = speculation.fit_drafts(seq, room, bm)
             target = seq.num_computed_tokens + num_new
-            while not bm.can_grow(seq, target):
+            while not bm.can_grow(seq, target, self._kept_free(seq)):
                 victim = self._victim()
                 if self.running.index(victim) < i:  # already planned this step: give back
                     i -= 1
@@ -175,6 +178,10 @@ class Admission:
         for seq in self.padding[:num_pads]:
             out.scheduled.append(ScheduledSequence(seq, 1, is_pad=True))
         return budget - num_pads
+
+    def _kept_free(self, seq: Sequence) -> int:
+        """KV blocks ``seq`` must leave free: the interactive reserve, for batch work."""
+        return self.reserve_blocks if seq.is_batch else 0
 
     def _interactive_waiting(self) -> bool:
         return self.interactive_priority and any(not s.is_batch for s in self.waiting)
@@ -238,7 +245,7 @@ class Admission:
             num_new = min(remaining, room)
             revived = sum(1 for b in hits if bm.ref_counts[b] == 0)
             needed = bm.blocks_needed(computed + num_new) - len(hits) - len(seq.block_table)
-            if needed + revived > bm.num_free_blocks:
+            if needed + revived > bm.num_free_blocks - self._kept_free(seq):
                 if self._preempt_lower_priority(seq, out):
                     budget = self.max_num_batched_tokens - sum(s.num_new_tokens for s in out.scheduled)
                     continue

@@ -84,10 +84,11 @@ class BlockManager:
         entries keep their index, so the table's length is still the blocks it spans)."""
         return max(0, self.blocks_needed(num_tokens) - len(seq.block_table))
 
-    def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
-        """Whether ``seq`` can hold ``num_tokens`` tokens with the free blocks left."""
+    def can_grow(self, seq: Sequence, num_tokens: int, keep_free: int = 0) -> bool:
+        """Whether ``seq`` can hold ``num_tokens`` tokens with the free blocks left, leaving
+        ``keep_free`` of them free."""
         extra = 1 if self.needs_copy_on_write(seq) else 0
-        return self.num_new_blocks(seq, num_tokens) + extra <= self.num_free_blocks
+        return self.num_new_blocks(seq, num_tokens) + extra <= self.num_free_blocks - keep_free
 
     # -- sharing between the samples of one request -----------------------------------
     def fork(self, parent: Sequence, child: Sequence) -> None:

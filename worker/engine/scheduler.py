@@ -75,6 +75,12 @@ class Scheduler(Admission):
         # batch admission leaves these free; batch keeps at least three quarters of each
         self.reserve_seqs = min(interactive_reserve_seqs, max_num_seqs // 4) if classes else 0
         self.reserve_tokens = min(interactive_reserve_tokens, max_num_batched_tokens // 4) if classes else 0
+        # and KV blocks for that many tokens, so that an arrival starts without preempting
+        # (between two layers of a step, where nothing can be preempted: interjected
+        # steps); never so many that a sequence of max_model_len tokens could not run alone
+        longest = block_manager.blocks_needed(stop_checker.max_model_len)
+        self.reserve_blocks = max(0, min(block_manager.blocks_needed(self.reserve_tokens),
+                                         block_manager.num_blocks - longest))
         self.interactive_priority = interactive_priority and classes
         self.interactive_batch_rows = interactive_batch_rows if classes else 0
         self.interactive_step_s = interactive_step_ms / 1000 if classes else 0.0
