@@ -46,6 +46,10 @@ def test_targets_compare_backlog_with_idle_and_batch_with_itself() -> None:
                              {"batch_tokens_per_s": 100.0}, {"batch_tokens_per_s": 95.0})
     assert got["ttft_p99_ratio"] == pytest.approx(3.0) and not got["ttft_met"]
     assert got["batch_kept"] == pytest.approx(0.95) and got["batch_met"]
+    drifting = mixed_load.targets({"ttft_p99_s": 0.1}, {"ttft_p99_s": 0.15},
+                                  {"batch_tokens_per_s": 110.0}, {"batch_tokens_per_s": 90.0},
+                                  {"batch_tokens_per_s": 90.0})
+    assert drifting["batch_kept"] == pytest.approx(0.9) and drifting["batch_met"]  # of the mean, 100
 
 
 def _serving() -> bool:
@@ -76,6 +80,7 @@ def test_a_tiny_run_measures_every_part(tmp_path: Path) -> None:
         assert all(r["completion_tokens"] == 8 for r in fig["requests"][part])
         assert fig[part]["parts"]["engine_steps_p50"] >= 1
     assert fig["overhead"]["requests"] == 2 and fig["overhead"]["decode_step_s"] > 0
-    assert fig["batch_alone"]["steps"] > 0 and fig["batch_alone"]["batch_decode_tokens"] > 0
+    for window in ("batch_alone", "batch_alone_after"):
+        assert fig[window]["steps"] > 0 and fig[window]["batch_decode_tokens"] > 0
     assert fig["batch_with_interactive"]["interactive_decode_tokens"] == 4 * 7
     assert plot.stat().st_size > 0
