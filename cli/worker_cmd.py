@@ -59,8 +59,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="seconds one structured-output grammar may take to compile before its "
                    "job fails (default INFLIGHT_GRAMMAR_TIMEOUT, else 5)")
     q.add_argument("--no-traces", action="store_true", help="do not write the iterations table")
+    p.add_argument("--gil-switch-ms", type=float, default=GIL_SWITCH_MS,
+                   help="the interpreter's thread switch interval in this process (Python's "
+                   "default is 5): the engine thread gives up the GIL in every torch op, and "
+                   "while another of the worker's threads runs Python it waits this long to "
+                   "get it back, each time (docs/benchmarks.md, \"interjected steps\")")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
+
+
+# A step of a few sequences makes hundreds of torch calls, each giving the GIL up and
+# taking it back: at Python's 5 ms a 150-token prompt's step took 4.5 s instead of 36 ms
+# beside a thread busy in Python, 0.33 s at 0.2 ms (docs/benchmarks.md).
+GIL_SWITCH_MS = 0.2
 
 
 def config_from_args(args: argparse.Namespace):
@@ -99,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.gil_switch_ms > 0:
+        print("inflight worker: error: --gil-switch-ms must be > 0", file=sys.stderr)
+        return 2
+    sys.setswitchinterval(args.gil_switch_ms / 1000)
     config = config_from_args(args)
     if args.migrate:
         from migrations.run import upgrade

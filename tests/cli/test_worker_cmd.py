@@ -49,3 +49,12 @@ def test_a_model_that_cannot_be_found_is_a_clear_error_not_a_traceback(tmp_path,
     err = capsys.readouterr().err
     assert f"inflight worker: error: could not load the model '{missing}'" in err
     assert "not a checkpoint directory or a .gguf file" in err and "Traceback" not in err
+
+
+def test_the_gil_switch_interval_flag_and_a_bad_value(capsys) -> None:
+    from cli.worker_cmd import GIL_SWITCH_MS, run
+
+    assert build_parser("worker").parse_args(["worker"]).gil_switch_ms == GIL_SWITCH_MS == 0.2
+    args = build_parser("worker").parse_args(["worker", "--gil-switch-ms", "0"])
+    assert run(args) == 2  # refused before anything connects or changes the interpreter
+    assert "--gil-switch-ms must be > 0" in capsys.readouterr().err
