@@ -98,8 +98,8 @@ def add_engine_flags(parser: argparse.ArgumentParser, *, default_model: str = "s
     g.add_argument("--interactive-step-ms", type=float, metavar="MS",
                    help="while interactive jobs run or wait, only as many rows of batch work "
                         "per step as fit in about MS milliseconds (learnt from the recent "
-                        "steps), the batch sequences taking turns, so steps stay short "
-                        "(default: 100; 0: no time target)")
+                        "steps), the batch sequences taking turns: interactive streams get a "
+                        "token every MS, the batch fewer rows a step (default: 0, no time target)")
     g.add_argument("--interactive-batch-rows", type=int, metavar="N",
                    help="while interactive jobs run or wait, at most N rows of batch work "
                         "per step, whatever the time (default: 0, no fixed cap)")

@@ -349,8 +349,8 @@ def test_the_step_budget_caps_batch_rows_by_the_time_recent_steps_took() -> None
 
 
 def test_engine_steps_teach_the_step_time_model_and_the_flags_set_the_budget() -> None:
-    assert EngineArgs().interactive_step_ms == 100.0 and EngineArgs().interactive_batch_rows == 0
-    engine = LLMEngine(model="tiny-llama", num_kv_blocks=64, max_num_seqs=8)
+    assert EngineArgs().interactive_step_ms == 0.0 and EngineArgs().interactive_batch_rows == 0
+    engine = LLMEngine(model="tiny-llama", num_kv_blocks=64, max_num_seqs=8, interactive_step_ms=100.0)
     engine.add_request("b", [5, 6, 7], greedy(6), service_class="batch")
     while engine.has_unfinished_requests():
         engine.step()

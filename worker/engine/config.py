@@ -57,14 +57,16 @@ class EngineArgs:
     # ...and waiting interactive requests are admitted before batch ones, preempting the
     # lowest-value batch sequence when slots or KV blocks are full.
     interactive_priority: bool = True
-    # While interactive requests run or wait, the steps stay short: the step in progress
-    # when a request arrives is what it waits on first. A step then computes only as many
-    # rows of batch work as fit in about this many milliseconds (the engine's own recent
-    # steps tell how many: worker.engine.step_time_model), the running batch sequences
-    # taking turns so each still advances every few steps (0: no time target). On two CPU
-    # cores 100 ms is about 25 rows of SmolLM2; on a GPU, where a step costs about the same
-    # whatever its rows, it bounds nothing (docs/benchmarks.md, "step budget")...
-    interactive_step_ms: float = 100.0
+    # While interactive requests run or wait, a step computes only as many rows of batch
+    # work as fit in about this many milliseconds (the engine's own recent steps tell how
+    # many: worker.engine.step_time_model), the running batch sequences taking turns so
+    # each still advances every few steps (0, the default: no time target). It paces an
+    # interactive stream (a token a step) at the batch's cost: on two CPU cores 100 ms is
+    # about 25 rows of SmolLM2 and the batch kept 72% of its tokens/s against 97% with
+    # none; an arrival's first token needs no short steps (interactive_interject_ms). On a
+    # GPU, where a step costs about the same whatever its rows, it bounds nothing
+    # (docs/benchmarks.md, "step budget", "interjected steps")...
+    interactive_step_ms: float = 0.0
     # ...and at most this many batch rows, whatever the time (0: no fixed cap).
     interactive_batch_rows: int = 0
     # A step that would admit a newly arrived interactive request computes no batch rows at
