@@ -139,8 +139,8 @@ def test_engine_fails_a_poisoned_request_alone() -> None:
     )
     execute = engine.runner.execute
 
-    def poisoned(plan):  # a "bad" row's logits become NaN at its 3rd token
-        logits = execute(plan).clone()
+    def poisoned(plan, between_layers=None):  # a "bad" row's logits become NaN at its 3rd token
+        logits = execute(plan, between_layers).clone()
         for s, row in plan.logits_rows.owners:  # [rows, vocab]: the plan's one row layout
             if s.seq.request_id.startswith("bad") and len(s.seq.output_token_ids) == 2:
                 logits[row] = float("nan")
