@@ -15,6 +15,7 @@ from tests.conftest import blocks_consistent, prompt_token_lists
 from worker.engine import LLMEngine, SamplingParams
 from worker.engine.config import EngineArgs
 from worker.engine.outputs import RequestOutput, StepStats
+from worker.service.observe import trace_row
 
 
 def greedy(n: int) -> SamplingParams:
@@ -117,6 +118,8 @@ def test_an_interjected_step_is_numbered_after_its_paused_step_and_its_time_is_t
     assert len(inner_outputs[0].token_ids) == 1  # its first token, before the batch's
     assert paused.paused_seconds > 0 and inner.paused_seconds == 0
     assert paused.paused_seconds >= inner.seconds * 0.9  # the inner step ran inside the pause
+    assert trace_row("w", paused)["paused_ms"] == pytest.approx(1000 * paused.paused_seconds)
+    assert trace_row("w", inner)["paused_ms"] == 0.0
     metrics = eng.scheduler.running[-1].metrics
     assert (metrics.first_step, metrics.last_step) == (1, 1)
 
