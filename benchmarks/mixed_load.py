@@ -23,6 +23,8 @@ in order:
    same interactive traffic as in 2 runs against it, then the batch alone again for
    ``--batch-window`` s. The batch is cancelled afterwards (``--finish-batch`` lets it
    complete).
+4. **Control.** The same batch again, alone, under another tenant, for as long after its
+   warm-up as part 3 ran after its own (``--no-control`` skips it).
 
 Requests are natural-language chat turns: the system prompt and user turns of
 ``benchmarks/chat_workload.jsonl`` (``workloads/chat_turns.txt``). Batch lines take the
@@ -32,9 +34,10 @@ all greedy with ``ignore_eos``, so every run produces the same number of tokens.
 The batch's tokens/s comes from the worker's step traces (the ``iterations`` table): the
 decode rows of the steps in a window, less the interactive requests' decode rows
 (``completion_tokens - 1`` each) in the window with traffic, over the window's length.
-What the batch alone runs at drifts while it runs (its running sequences' contexts grow,
-and with a small KV pool fewer of them fit), so the window with traffic is compared with
-the mean of the windows alone before and after it.
+What the batch alone runs at drifts for minutes while it runs (its running sequences'
+contexts grow, and with a small KV pool fewer of them fit), so the window with traffic is
+compared with the same stretch of the control run, counted from each batch's end of
+warm-up; without the control run, with the mean of the windows alone before and after it.
 Targets, reported and never asserted: interactive TTFT p99 under the backlog at most 2x its
 idle p99; the batch keeps at least 90% of its tokens/s under the interactive traffic.
 """
@@ -45,17 +48,27 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 from sqlalchemy import text
 
 from benchmarks.make_chat_workload import SYSTEM_PROMPT, output_lengths, read_turns
+from benchmarks.mixed_load_batch import (
+    Window,
+    batch_backlog,
+    batch_window,
+    control_run,
+    create_batch,
+    shifted,
+    steps_in,
+    wait_batch_done,
+    wait_batch_running,
+    wait_traces,
+)
 from benchmarks.mixed_load_plot import plot_ttft
-from benchmarks.service_stack import ServiceStack, service_stack
+from benchmarks.service_stack import ServiceStack, new_api_key, service_stack
 from benchmarks.stream_timing import StreamTiming, run_one_by_one, run_steady
 from cli.bench.machine import cpu_description
 from worker.store.db import make_engine
@@ -129,93 +142,7 @@ def overhead_report(reference: list[dict[str, float]],
             "in_process_ttft_each_s": [r["ttft"] for r in reference]}
 
 
-# -- 3. the batch ---------------------------------------------------------------------------
-@dataclass
-class Window:
-    """A measured stretch of the run (``time.time()`` seconds)."""
-
-    start: float
-    end: float
-
-    @property
-    def seconds(self) -> float:
-        """Its length."""
-        return self.end - self.start
-
-
-def create_batch(client: httpx.Client, data: bytes) -> str:
-    """Upload the file and create the batch; its id."""
-    file = client.post("/v1/files", data={"purpose": "batch"},
-                       files={"file": ("mixed.jsonl", data, "application/jsonl")})
-    file.raise_for_status()
-    batch = client.post("/v1/batches", json={"input_file_id": file.json()["id"],
-                                             "endpoint": "/v1/chat/completions",
-                                             "completion_window": "24h"})
-    if batch.is_error:
-        raise RuntimeError(f"POST /v1/batches: {batch.status_code} {batch.text}")
-    return str(batch.json()["id"])
-
-
-def wait_batch_running(db_url: str, batch_id: str, lines: int, warmup: float,
-                       timeout: float = 600.0) -> float:
-    """Wait until every line is queued and the worker stepped ``warmup`` seconds since the
-    batch's first job started; the time it did."""
-    engine = make_engine(url=db_url)
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            with engine.connect() as conn:
-                queued, started = conn.execute(text(
-                    "SELECT count(*), min(started_at) FROM jobs WHERE batch_id = :id"),
-                    {"id": batch_id}).one()
-            if queued >= lines and started is not None:
-                ready = started.timestamp() + warmup
-                time.sleep(max(0.0, ready - time.time()))
-                return time.time()
-            time.sleep(0.2)
-    finally:
-        engine.dispose()
-    raise RuntimeError(f"batch {batch_id} did not start within {timeout:.0f}s")
-
-
-def steps_in(db_url: str, window: Window) -> list[tuple[float, int, int, float]]:
-    """(time, decode rows, running sequences, step ms) of the worker's steps in ``window``."""
-    engine = make_engine(url=db_url)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(text(
-                "SELECT time, num_decode_tokens, num_running, schedule_ms + forward_ms + "
-                "sample_ms FROM iterations WHERE time >= to_timestamp(:a) AND time < "
-                "to_timestamp(:b) ORDER BY time"), {"a": window.start, "b": window.end}).all()
-    finally:
-        engine.dispose()
-    return [(r[0].timestamp(), int(r[1]), int(r[2]), float(r[3])) for r in rows]
-
-
-def batch_window(db_url: str, window: Window, interactive: list[StreamTiming]) -> dict[str, Any]:
-    """The batch's decode tokens/s in ``window`` (its steps' decode rows less the
-    interactive requests' own), the mean occupancy and step time there."""
-    steps = steps_in(db_url, window)
-    rows = sum(s[1] for s in steps)
-    theirs = sum(max(0, t.completion_tokens - 1) for t in interactive)
-    return {"seconds": window.seconds, "steps": len(steps),
-            "batch_decode_tokens": rows - theirs, "interactive_decode_tokens": theirs,
-            "batch_tokens_per_s": (rows - theirs) / window.seconds,
-            "mean_running": float(np.mean([s[2] for s in steps])) if steps else 0.0,
-            "mean_step_ms": float(np.mean([s[3] for s in steps])) if steps else 0.0}
-
-
-def batch_backlog(db_url: str, batch_id: str) -> int:
-    """How many of the batch's jobs are still queued."""
-    engine = make_engine(url=db_url)
-    try:
-        with engine.connect() as conn:
-            return int(conn.execute(text(
-                "SELECT count(*) FROM jobs WHERE batch_id = :id AND status = 'queued'"),
-                {"id": batch_id}).scalar_one())
-    finally:
-        engine.dispose()
-
+# -- 3. the batch: benchmarks/mixed_load_batch.py ----------------------------------------
 
 PARTS = ("api_submit", "intake", "engine", "delivery")
 
@@ -262,16 +189,6 @@ def ttft_parts(db_url: str, timings: list[StreamTiming]) -> dict[str, Any]:
     return out
 
 
-def wait_traces(db_url: str, after: float, timeout: float = 30.0) -> None:
-    """Wait until the worker committed a step trace later than ``after`` (traces are
-    flushed about once a second), so a window's steps are all in SQL."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if steps_in(db_url, Window(after, after + 3600)):
-            return
-        time.sleep(0.5)
-
-
 # -- the interactive figures -------------------------------------------------------------
 def latency_summary(timings: list[StreamTiming]) -> dict[str, Any]:
     """TTFT and TPOT percentiles (seconds) of the requests that succeeded."""
@@ -308,6 +225,8 @@ def report(fig: dict[str, Any]) -> str:
                ("with interactive traffic", fig["batch_with_interactive"])]
     if fig.get("batch_alone_after") is not None:
         windows.append(("alone, after", fig["batch_alone_after"]))
+    for name, b in (fig.get("control") or {}).items():
+        windows.append((f"control, {name.replace('_', ' ')}", b))
     out += ["", "| batch | tok/s | steps | mean running | mean step ms |", "|---|---:|---:|---:|---:|"]
     for name, b in windows:
         out.append(f"| {name} ({b['seconds']:.0f} s) | {b['batch_tokens_per_s']:.1f} | "
@@ -321,7 +240,9 @@ def report(fig: dict[str, Any]) -> str:
     t = fig["targets"]
     out += ["", f"Targets: TTFT p99 backlog / idle = {t['ttft_p99_ratio']:.2f} (target <= 2: "
             f"{'met' if t['ttft_met'] else 'missed'}); batch tok/s kept = "
-            f"{t['batch_kept']:.1%} (target >= 90%: {'met' if t['batch_met'] else 'missed'}); "
+            f"{t['batch_kept']:.1%} of the {t.get('batch_kept_of', 'windows')} (target >= 90%: "
+            f"{'met' if t['batch_met'] else 'missed'}; of the windows alone "
+            f"{t.get('batch_kept_of_windows', t['batch_kept']):.1%}); "
             f"overhead {o['overhead_s'] * ms:.1f} ms against one step + 20 ms = "
             f"{o['target_s'] * ms:.1f} ms ({'met' if o['target_met'] else 'missed'}).",
             f"Batch jobs still queued when the traffic ended: {fig['backlog_left']}"
@@ -337,14 +258,23 @@ def _ms(value: float | None) -> str:
 
 
 def targets(idle: dict[str, Any], backlog: dict[str, Any], alone: dict[str, Any],
-            mixed: dict[str, Any], after: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The two ratios of the issue and whether each meets its target; the batch's share
-    is of the mean of its windows alone (before, and ``after`` when measured)."""
+            mixed: dict[str, Any], after: dict[str, Any] | None = None,
+            control: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The two ratios of the issue and whether each meets its target. The batch's share is
+    of the control run's same window when there is one (``batch_kept_of``: "control"),
+    else of the mean of its windows alone (before, and ``after`` when measured);
+    ``batch_kept_of_windows`` is the latter either way."""
     ratio = (backlog["ttft_p99_s"] or float("inf")) / (idle["ttft_p99_s"] or float("nan"))
-    reference = float(np.mean([w["batch_tokens_per_s"] for w in (alone, after) if w is not None]))
-    kept = mixed["batch_tokens_per_s"] / reference if reference else float("nan")
+    windows = float(np.mean([w["batch_tokens_per_s"] for w in (alone, after) if w is not None]))
+    of_windows = mixed["batch_tokens_per_s"] / windows if windows else float("nan")
+    if control is not None:
+        kept = (mixed["batch_tokens_per_s"] / control["batch_tokens_per_s"]
+                if control["batch_tokens_per_s"] else float("nan"))
+    else:
+        kept = of_windows
     return {"ttft_p99_ratio": ratio, "ttft_met": ratio <= 2.0, "batch_kept": kept,
-            "batch_met": kept >= 0.9}
+            "batch_met": kept >= 0.9, "batch_kept_of": "control" if control else "windows",
+            "batch_kept_of_windows": of_windows}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -371,8 +301,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         idle = run_steady(stack.base_url, stack.api_key, bodies, args.rate)
 
         print(f"backlog: a {args.batch_lines}-line batch", file=sys.stderr)
-        batch_id = create_batch(client, batch_file(args.model, args.batch_lines, turns,
-                                                   args.batch_max_tokens))
+        data = batch_file(args.model, args.batch_lines, turns, args.batch_max_tokens)
+        batch_id = create_batch(client, data)
         alone_start = wait_batch_running(stack.database_url, batch_id, args.batch_lines,
                                          args.batch_warmup)
         time.sleep(args.batch_window)
@@ -389,22 +319,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print("the backlog ran out before the window after the traffic ended: "
                   "raise --batch-lines", file=sys.stderr)
         wait_traces(stack.database_url, after.end)
-        fig = _figures(args, stack, overhead, idle, backlog, (alone, mixed, after), left,
-                       idle_start)
         if not args.finish_batch:
             client.post(f"/v1/batches/{batch_id}/cancel")  # a 400 when it ended already
-        _wait_batch_done(client, batch_id)
+        wait_batch_done(client, batch_id)
+        control_start = None
+        if args.control:
+            print("control: the same batch alone, another tenant", file=sys.stderr)
+            with stack.client(api_key=new_api_key(stack.database_url, "bench-control")) as other:
+                control_start = control_run(other, stack.database_url, data, args.batch_lines,
+                                            args.batch_warmup, after.end - alone_start)
+        fig = _figures(args, stack, overhead, idle, backlog, (alone, mixed, after), left,
+                       idle_start, (alone_start, control_start))
     return fig
 
 
 def _figures(args: argparse.Namespace, stack: ServiceStack, overhead: dict[str, Any],
              idle: list[StreamTiming], backlog: list[StreamTiming],
-             windows: tuple[Window, Window, Window], left: int, idle_start: float) -> dict[str, Any]:
-    """The figures of a run; ``windows``: the batch alone, with the traffic, alone again."""
+             windows: tuple[Window, Window, Window], left: int, idle_start: float,
+             origins: tuple[float, float | None]) -> dict[str, Any]:
+    """The figures of a run; ``windows``: the batch alone, with the traffic, alone again;
+    ``origins``: when the batch's warm-up ended and the control run's (None: no control)."""
     alone, mixed, after = windows
     batch_alone = batch_window(stack.database_url, alone, [])
     batch_mixed = batch_window(stack.database_url, mixed, backlog)
     batch_after = batch_window(stack.database_url, after, [])
+    origin, control_origin = origins
+    control = None if control_origin is None else {
+        name: batch_window(stack.database_url, shifted(w, origin, control_origin), [])
+        for name, w in (("before", alone), ("with_interactive", mixed), ("after", after))}
     idle_s, backlog_s = latency_summary(idle), latency_summary(backlog)
     idle_s["parts"] = ttft_parts(stack.database_url, idle)
     backlog_s["parts"] = ttft_parts(stack.database_url, backlog)
@@ -412,23 +354,14 @@ def _figures(args: argparse.Namespace, stack: ServiceStack, overhead: dict[str, 
     return {"args": vars(args), "cpu": cpu_description(), "overhead": overhead,
             "idle": idle_s, "backlog": backlog_s, "batch_alone": batch_alone,
             "batch_with_interactive": batch_mixed, "batch_alone_after": batch_after,
-            "backlog_left": left,
-            "targets": targets(idle_s, backlog_s, batch_alone, batch_mixed, batch_after),
+            "control": control, "backlog_left": left,
+            "targets": targets(idle_s, backlog_s, batch_alone, batch_mixed, batch_after,
+                               control and control["with_interactive"]),
             "windows": {"idle_start": idle_start, "alone": [alone.start, alone.end],
                         "mixed": [mixed.start, mixed.end], "after": [after.start, after.end]},
             "requests": {"idle": [t.as_dict() for t in idle],
                          "backlog": [t.as_dict() for t in backlog]},
             "steps": [[s[0], s[1], s[2], s[3]] for s in traffic]}
-
-
-def _wait_batch_done(client: httpx.Client, batch_id: str, timeout: float = 7200.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if client.get(f"/v1/batches/{batch_id}").json()["status"] in (
-                "completed", "failed", "expired", "cancelled"):
-            return
-        time.sleep(1.0)
-    raise RuntimeError(f"batch {batch_id} did not end within {timeout:.0f}s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -453,10 +386,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker-arg", action="append", default=[],
                    help="one more `inflight worker` argument (repeatable)")
     p.add_argument("--finish-batch", action="store_true",
-                   help="let the batch complete instead of cancelling it")
+                   help="let the batch complete instead of cancelling it (with --no-control)")
+    p.add_argument("--no-control", dest="control", action="store_false",
+                   help="skip the control run: the batch's share is of its windows alone")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     p.add_argument("--plot", default=None, help="draw TTFT over time to this PNG")
     args = p.parse_args(argv)
+    if args.finish_batch and args.control:
+        p.error("--finish-batch runs the batch to its end, which the control run would wait "
+                "for: add --no-control")
     fig = run(args)
     print(report(fig))
     if args.out:

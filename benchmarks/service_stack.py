@@ -38,10 +38,11 @@ class ServiceStack:
     workers: list[subprocess.Popen] = field(default_factory=list)
     storage: Path | None = None  # the API's file storage directory
 
-    def client(self, timeout: float = 60.0) -> httpx.Client:
-        """An HTTP client for the API, authenticated as the stack's tenant."""
+    def client(self, timeout: float = 60.0, api_key: str | None = None) -> httpx.Client:
+        """An HTTP client for the API, authenticated as the stack's tenant (or with
+        ``api_key``, another tenant's: ``new_api_key``)."""
         return httpx.Client(base_url=self.base_url, timeout=timeout,
-                            headers={"Authorization": f"Bearer {self.api_key}"})
+                            headers={"Authorization": f"Bearer {api_key or self.api_key}"})
 
 
 @contextlib.contextmanager
@@ -120,10 +121,16 @@ def _prepare_database(db_url: str, tenant: str) -> str:
     """Migrate the database (a no-op when it is current) and return a new API key for
     ``tenant``."""
     from migrations.run import upgrade
+
+    upgrade(url=db_url)
+    return new_api_key(db_url, tenant)
+
+
+def new_api_key(db_url: str, tenant: str) -> str:
+    """A new API key for ``tenant`` in the stack's database."""
     from worker.store.crud.api_keys import create_api_key
     from worker.store.db import make_engine, make_session_factory
 
-    upgrade(url=db_url)
     engine = make_engine(url=db_url)
     try:
         with make_session_factory(engine=engine).begin() as s:

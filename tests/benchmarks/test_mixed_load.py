@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import mixed_load
+from benchmarks.mixed_load_batch import Window, shifted
 from benchmarks.stream_timing import StreamTiming
 
 
@@ -50,6 +51,27 @@ def test_targets_compare_backlog_with_idle_and_batch_with_itself() -> None:
                                   {"batch_tokens_per_s": 110.0}, {"batch_tokens_per_s": 90.0},
                                   {"batch_tokens_per_s": 90.0})
     assert drifting["batch_kept"] == pytest.approx(0.9) and drifting["batch_met"]  # of the mean, 100
+    assert drifting["batch_kept_of"] == "windows"
+
+
+def test_with_a_control_run_the_batch_is_compared_with_its_same_stretch_alone() -> None:
+    got = mixed_load.targets({"ttft_p99_s": 0.1}, {"ttft_p99_s": 0.15},
+                             {"batch_tokens_per_s": 200.0}, {"batch_tokens_per_s": 85.0},
+                             {"batch_tokens_per_s": 100.0}, {"batch_tokens_per_s": 100.0})
+    assert got["batch_kept"] == pytest.approx(0.85) and not got["batch_met"]
+    assert got["batch_kept_of"] == "control"
+    assert got["batch_kept_of_windows"] == pytest.approx(85.0 / 150.0)
+
+
+def test_a_window_moves_to_the_control_runs_timeline() -> None:
+    moved = shifted(Window(105.0, 160.0), origin=100.0, to=500.0)
+    assert (moved.start, moved.end) == (505.0, 560.0) and moved.seconds == 55.0
+
+
+def test_finish_batch_is_refused_beside_the_control_run(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        mixed_load.main(["--finish-batch"])
+    assert "--no-control" in capsys.readouterr().err
 
 
 def _serving() -> bool:
@@ -83,4 +105,8 @@ def test_a_tiny_run_measures_every_part(tmp_path: Path) -> None:
     for window in ("batch_alone", "batch_alone_after"):
         assert fig[window]["steps"] > 0 and fig[window]["batch_decode_tokens"] > 0
     assert fig["batch_with_interactive"]["interactive_decode_tokens"] == 4 * 7
+    for window in ("before", "with_interactive", "after"):  # the control run, same stretches
+        assert fig["control"][window]["steps"] > 0
+        assert fig["control"][window]["interactive_decode_tokens"] == 0
+    assert fig["targets"]["batch_kept_of"] == "control"
     assert plot.stat().st_size > 0
