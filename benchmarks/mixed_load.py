@@ -48,6 +48,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,7 @@ from benchmarks.mixed_load_batch import (
     wait_traces,
 )
 from benchmarks.mixed_load_plot import plot_ttft
+from benchmarks.process_cpu import cores_used, cpu_sample
 from benchmarks.service_stack import ServiceStack, new_api_key, service_stack
 from benchmarks.stream_timing import StreamTiming, run_one_by_one, run_steady
 from cli.bench.machine import cpu_description
@@ -231,6 +233,14 @@ def report(fig: dict[str, Any]) -> str:
     for name, b in windows:
         out.append(f"| {name} ({b['seconds']:.0f} s) | {b['batch_tokens_per_s']:.1f} | "
                    f"{b['steps']} | {b['mean_running']:.1f} | {b['mean_step_ms']:.1f} |")
+    cores = fig.get("cores_used") or {}
+    if cores:
+        labels = list(cores["with_interactive"])
+        out += ["", "| cores kept busy over the traffic's window | " + " | ".join(labels) + " |",
+                "|---|" + "---:|" * len(labels)]
+        for name, used in cores.items():
+            out.append(f"| {name.replace('_', ' ')} | "
+                       + " | ".join(f"{used.get(k, 0.0):.2f}" for k in labels) + " |")
     o = fig["overhead"]
     out += ["", "| single request, median of " + str(o["requests"]) + " | ms |", "|---|---:|",
             f"| in-process `LLM.chat` TTFT | {o['in_process_ttft_s'] * ms:.1f} |",
@@ -308,7 +318,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(args.batch_window)
         alone = Window(alone_start, time.time())
         print(f"backlog: {count} requests at {args.rate}/s", file=sys.stderr)
+        sample = _cpu_sampler(stack)
+        first = (time.time(), sample())
         backlog = run_steady(stack.base_url, stack.api_key, bodies, args.rate)
+        last = (time.time(), sample())
         mixed = Window(min(t.sent for t in backlog),
                        max(t.last_token or t.sent for t in backlog))
         left = batch_backlog(stack.database_url, batch_id)
@@ -322,15 +335,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not args.finish_batch:
             client.post(f"/v1/batches/{batch_id}/cancel")  # a 400 when it ended already
         wait_batch_done(client, batch_id)
-        control_start = None
+        control_start, cpu = None, {"with_interactive": cores_used(first[1], last[1],
+                                                                   last[0] - first[0])}
         if args.control:
             print("control: the same batch alone, another tenant", file=sys.stderr)
             with stack.client(api_key=new_api_key(stack.database_url, "bench-control")) as other:
-                control_start = control_run(other, stack.database_url, data, args.batch_lines,
-                                            args.batch_warmup, after.end - alone_start)
+                control_start, (c_first, c_last) = control_run(
+                    other, stack.database_url, data, args.batch_lines, args.batch_warmup,
+                    after.end - alone_start, sample,
+                    (first[0] - alone_start, last[0] - alone_start))
+            cpu["control"] = cores_used(c_first, c_last, last[0] - first[0])
         fig = _figures(args, stack, overhead, idle, backlog, (alone, mixed, after), left,
                        idle_start, (alone_start, control_start))
+        fig["cores_used"] = cpu
     return fig
+
+
+def _cpu_sampler(stack: ServiceStack) -> Callable[[], dict[str, float]]:
+    """CPU seconds so far of the API (with its server processes), the worker, this load
+    generator, Redis and PostgreSQL: where the machine's two cores went."""
+    roots = {"api": stack.api.pid, "worker": stack.workers[0].pid}
+    return lambda: cpu_sample(roots, ("redis-server", "postgres"))
 
 
 def _figures(args: argparse.Namespace, stack: ServiceStack, overhead: dict[str, Any],
@@ -351,6 +376,9 @@ def _figures(args: argparse.Namespace, stack: ServiceStack, overhead: dict[str, 
     idle_s["parts"] = ttft_parts(stack.database_url, idle)
     backlog_s["parts"] = ttft_parts(stack.database_url, backlog)
     traffic = steps_in(stack.database_url, Window(alone.start, after.end))
+    control_steps = [] if control_origin is None else [
+        (t - control_origin + origin, rows, running, ms) for t, rows, running, ms in
+        steps_in(stack.database_url, shifted(Window(alone.start, after.end), origin, control_origin))]
     return {"args": vars(args), "cpu": cpu_description(), "overhead": overhead,
             "idle": idle_s, "backlog": backlog_s, "batch_alone": batch_alone,
             "batch_with_interactive": batch_mixed, "batch_alone_after": batch_after,
@@ -361,7 +389,8 @@ def _figures(args: argparse.Namespace, stack: ServiceStack, overhead: dict[str, 
                         "mixed": [mixed.start, mixed.end], "after": [after.start, after.end]},
             "requests": {"idle": [t.as_dict() for t in idle],
                          "backlog": [t.as_dict() for t in backlog]},
-            "steps": [[s[0], s[1], s[2], s[3]] for s in traffic]}
+            "steps": [[s[0], s[1], s[2], s[3]] for s in traffic],
+            "control_steps": [list(s) for s in control_steps]}  # on the mixed run's timeline
 
 
 def main(argv: list[str] | None = None) -> int:

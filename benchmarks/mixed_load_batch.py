@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,15 +139,21 @@ def shifted(window: Window, origin: float, to: float) -> Window:
 
 
 def control_run(client: httpx.Client, db_url: str, data: bytes, lines: int, warmup: float,
-                span: float) -> float:
+                span: float, sample: Callable[[], dict[str, float]],
+                marks: tuple[float, ...]) -> tuple[float, list[dict[str, float]]]:
     """The batch of ``data`` alone (``client`` is another tenant's), from the end of its
-    ``warmup`` for ``span`` seconds, then cancelled; when its warm-up ended."""
+    ``warmup`` for ``span`` seconds, then cancelled; when its warm-up ended, and what
+    ``sample`` returned ``marks`` seconds after that (each at most ``span``)."""
     batch_id = create_batch(client, data)
     ready = wait_batch_running(db_url, batch_id, lines, warmup)
-    time.sleep(span)
+    samples = []
+    for mark in marks:
+        time.sleep(max(0.0, ready + mark - time.time()))
+        samples.append(sample())
+    time.sleep(max(0.0, ready + span - time.time()))
     if not batch_backlog(db_url, batch_id):
         print("the control run's backlog ran out: raise --batch-lines", file=sys.stderr)
     wait_traces(db_url, ready + span)
     client.post(f"/v1/batches/{batch_id}/cancel")
     wait_batch_done(client, batch_id)
-    return ready
+    return ready, samples

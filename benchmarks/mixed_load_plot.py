@@ -1,6 +1,7 @@
 """The PNG of ``benchmarks/mixed_load.py``: interactive TTFT over time on an idle worker and
 under the batch backlog (top), and the worker's decode rows per second over the backlog
-part, the interactive traffic's window shaded (bottom). matplotlib is the ``bench`` extra."""
+part, the interactive traffic's window shaded, beside the control run's (bottom).
+matplotlib is the ``bench`` extra."""
 
 from __future__ import annotations
 
@@ -10,6 +11,16 @@ from typing import Any
 from cli.bench.plot import MISSING_MATPLOTLIB
 
 BIN_S = 2.0  # width of one bar of the bottom panel
+MEAN_S = 10.0  # width of one point of its lines
+
+
+def binned(steps: list[list[float]], origin: float, width: float) -> dict[int, float]:
+    """Decode rows per second in bins of ``width`` seconds from ``origin``: bin -> rate."""
+    bins: dict[int, float] = {}
+    for t, decode_rows, _running, _ms in steps:
+        key = int((t - origin) // width)
+        bins[key] = bins.get(key, 0.0) + decode_rows / width
+    return bins
 
 
 def plot_ttft(path: str | Path, fig: dict[str, Any]) -> None:
@@ -41,12 +52,19 @@ def plot_ttft(path: str | Path, fig: dict[str, Any]) -> None:
     steps = fig["steps"]
     if steps:
         origin = fig["windows"]["alone"][0]
-        bins: dict[int, int] = {}
-        for t, decode_rows, _running, _ms in steps:
-            bins[int((t - origin) // BIN_S)] = bins.get(int((t - origin) // BIN_S), 0) + decode_rows
+        bins = binned(steps, origin, BIN_S)
         xs = sorted(bins)
-        bottom.bar([x * BIN_S for x in xs], [bins[x] / BIN_S for x in xs], width=BIN_S,
-                   align="edge", color="tab:blue", label="decode rows/s (batch + interactive)")
+        bottom.bar([x * BIN_S for x in xs], [bins[x] for x in xs], width=BIN_S,
+                   align="edge", color="tab:blue", alpha=0.5,
+                   label="decode rows/s (batch + interactive)")
+        for name, series, colour in (("this run", steps, "tab:blue"),
+                                     ("control run, the batch alone", fig.get("control_steps"),
+                                      "black")):
+            if series:
+                means = binned(series, origin, MEAN_S)
+                xs = sorted(means)
+                bottom.plot([(x + 0.5) * MEAN_S for x in xs], [means[x] for x in xs], "-",
+                            color=colour, linewidth=1.2, label=f"{name}, {MEAN_S:.0f} s means")
         a, b = (w - origin for w in fig["windows"]["mixed"])
         bottom.axvspan(a, b, color="tab:red", alpha=0.12, label="interactive traffic")
         bottom.set_xlabel("seconds since the batch's measured start")

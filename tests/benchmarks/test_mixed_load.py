@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks import mixed_load
 from benchmarks.mixed_load_batch import Window, shifted
+from benchmarks.mixed_load_plot import binned
 from benchmarks.stream_timing import StreamTiming
 
 
@@ -68,6 +69,11 @@ def test_a_window_moves_to_the_control_runs_timeline() -> None:
     assert (moved.start, moved.end) == (505.0, 560.0) and moved.seconds == 55.0
 
 
+def test_decode_rows_are_binned_per_second() -> None:
+    steps = [[100.5, 10, 5, 1.0], [101.5, 30, 5, 1.0], [102.5, 8, 5, 1.0]]
+    assert binned(steps, origin=100.0, width=2.0) == {0: 20.0, 1: 4.0}
+
+
 def test_finish_batch_is_refused_beside_the_control_run(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         mixed_load.main(["--finish-batch"])
@@ -109,4 +115,9 @@ def test_a_tiny_run_measures_every_part(tmp_path: Path) -> None:
         assert fig["control"][window]["steps"] > 0
         assert fig["control"][window]["interactive_decode_tokens"] == 0
     assert fig["targets"]["batch_kept_of"] == "control"
+    assert fig["cores_used"]["with_interactive"]["worker"] > 0
+    assert set(fig["cores_used"]["control"]) == set(fig["cores_used"]["with_interactive"])
+    control_times = [s[0] for s in fig["control_steps"]]  # moved onto this run's timeline
+    assert control_times and min(control_times) >= fig["windows"]["alone"][0]
+    assert max(control_times) < fig["windows"]["after"][1]
     assert plot.stat().st_size > 0
