@@ -252,7 +252,9 @@ def report(fig: dict[str, Any]) -> str:
             f"{'met' if t['ttft_met'] else 'missed'}); batch tok/s kept = "
             f"{t['batch_kept']:.1%} of the {t.get('batch_kept_of', 'windows')} (target >= 90%: "
             f"{'met' if t['batch_met'] else 'missed'}; of the windows alone "
-            f"{t.get('batch_kept_of_windows', t['batch_kept']):.1%}); "
+            f"{t.get('batch_kept_of_windows', t['batch_kept']):.1%}"
+            + (f"; decode rows of both classes {t['decode_rows_kept']:.1%} of the control's"
+               if t.get("decode_rows_kept") is not None else "") + "); "
             f"overhead {o['overhead_s'] * ms:.1f} ms against one step + 20 ms = "
             f"{o['target_s'] * ms:.1f} ms ({'met' if o['target_met'] else 'missed'}).",
             f"Batch jobs still queued when the traffic ended: {fig['backlog_left']}"
@@ -273,18 +275,23 @@ def targets(idle: dict[str, Any], backlog: dict[str, Any], alone: dict[str, Any]
     """The two ratios of the issue and whether each meets its target. The batch's share is
     of the control run's same window when there is one (``batch_kept_of``: "control"),
     else of the mean of its windows alone (before, and ``after`` when measured);
-    ``batch_kept_of_windows`` is the latter either way."""
+    ``batch_kept_of_windows`` is the latter either way. ``decode_rows_kept`` (with a control
+    run): the batch's and the interactive requests' decode rows together over the control's,
+    what the worker kept of its decode rate whoever the rows were for."""
     ratio = (backlog["ttft_p99_s"] or float("inf")) / (idle["ttft_p99_s"] or float("nan"))
     windows = float(np.mean([w["batch_tokens_per_s"] for w in (alone, after) if w is not None]))
     of_windows = mixed["batch_tokens_per_s"] / windows if windows else float("nan")
+    rows_kept = None
     if control is not None:
-        kept = (mixed["batch_tokens_per_s"] / control["batch_tokens_per_s"]
-                if control["batch_tokens_per_s"] else float("nan"))
+        alone_rate = control["batch_tokens_per_s"]
+        kept = mixed["batch_tokens_per_s"] / alone_rate if alone_rate else float("nan")
+        rows = mixed["batch_tokens_per_s"] + mixed["interactive_decode_tokens"] / mixed["seconds"]
+        rows_kept = rows / alone_rate if alone_rate else float("nan")
     else:
         kept = of_windows
     return {"ttft_p99_ratio": ratio, "ttft_met": ratio <= 2.0, "batch_kept": kept,
             "batch_met": kept >= 0.9, "batch_kept_of": "control" if control else "windows",
-            "batch_kept_of_windows": of_windows}
+            "batch_kept_of_windows": of_windows, "decode_rows_kept": rows_kept}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -56,10 +56,12 @@ def test_targets_compare_backlog_with_idle_and_batch_with_itself() -> None:
 
 
 def test_with_a_control_run_the_batch_is_compared_with_its_same_stretch_alone() -> None:
+    mixed = {"batch_tokens_per_s": 85.0, "interactive_decode_tokens": 100, "seconds": 10.0}
     got = mixed_load.targets({"ttft_p99_s": 0.1}, {"ttft_p99_s": 0.15},
-                             {"batch_tokens_per_s": 200.0}, {"batch_tokens_per_s": 85.0},
+                             {"batch_tokens_per_s": 200.0}, mixed,
                              {"batch_tokens_per_s": 100.0}, {"batch_tokens_per_s": 100.0})
     assert got["batch_kept"] == pytest.approx(0.85) and not got["batch_met"]
+    assert got["decode_rows_kept"] == pytest.approx(0.95)  # 85 + 10 interactive rows/s
     assert got["batch_kept_of"] == "control"
     assert got["batch_kept_of_windows"] == pytest.approx(85.0 / 150.0)
 
