@@ -23,6 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.thread_cpu import ThreadCpu
+from cli.worker_cmd import GIL_SWITCH_MS
 from migrations.run import upgrade
 from worker.engine.outputs import RequestMetrics, RequestOutput, StepStats
 from worker.jobs.enqueue import enqueue
@@ -148,7 +149,8 @@ def run_worker(env: Env, engine: Any, n: int, **cfg: Any) -> tuple[float, dict]:
 
     The worker runs on the main thread, as ``inflight worker`` does: torch's CPU kernels
     run markedly slower when called from a secondary thread (about 1.7x for a matmul on
-    this machine), which would charge the service for a cost it does not have.
+    this machine), which would charge the service for a cost it does not have; and with
+    its GIL switch interval (``GIL_SWITCH_MS``), restored afterwards.
     """
     config = WorkerConfig(database_url=env.url, redis_url=env.redis_url, prefix=env.keys.prefix,
                           served_model_name=env.keys.model, name=f"bench-{uuid.uuid4().hex[:6]}", reconcile_interval=3600, **cfg)
@@ -172,8 +174,13 @@ def run_worker(env: Env, engine: Any, n: int, **cfg: Any) -> tuple[float, dict]:
     watcher = threading.Thread(target=watch, name="bench-watcher", daemon=True)
     t0 = time.perf_counter()
     watcher.start()
-    with ThreadCpu() as cpu:
-        worker.run()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(GIL_SWITCH_MS / 1000)
+    try:
+        with ThreadCpu() as cpu:
+            worker.run()
+    finally:
+        sys.setswitchinterval(interval)
     watcher.join(60)
     stats = dict(worker.stats)
     stats["thread_cpu_seconds"] = cpu.seconds
