@@ -151,9 +151,10 @@ PARTS = ("api_submit", "intake", "engine", "delivery")
 
 def ttft_parts(db_url: str, timings: list[StreamTiming]) -> dict[str, Any]:
     """Where each request's TTFT went, from its job row: ``api_submit`` (sent to the row's
-    ``queued_at``: validation, the SQL insert), ``intake`` (to ``started_at``: the XADD,
-    the worker's read and its SQL start), ``engine`` (to ``first_token_at``: waiting for
-    admission between steps, the scheduler's queue, the prefill step) and ``delivery`` (to
+    ``queued_at``: validation, the SQL insert), ``intake`` (to ``started_at``, which the
+    result write sets to the engine's first scheduling of the job: the XADD, the worker's
+    read and SQL start, and the wait for a step's end or a layer boundary to admit it),
+    ``engine`` (to ``first_token_at``: the step that computed its prompt) and ``delivery`` (to
     the first content chunk: the delta publisher, the API's XREAD, the SSE write); p50 and
     p99 of each part, in seconds. Also in steps, which a loaded machine does not blur:
     ``intake_steps``, the worker's steps begun while the job was queued, and
