@@ -7,22 +7,28 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-_TICK = os.sysconf("SC_CLK_TCK")
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def read_stat(path: Path) -> tuple[str, int, int] | None:
+    """A ``/proc/.../stat`` file's command name, parent pid and user + system CPU ticks;
+    None when the process or thread just ended."""
+    try:
+        raw = path.read_text()
+    except OSError:
+        return None
+    name = raw[raw.index("(") + 1: raw.rindex(")")]
+    fields = raw.rsplit(")", 1)[1].split()  # fields[0] is the state, [1] the parent
+    return name, int(fields[1]), int(fields[11]) + int(fields[12])  # utime, stime
 
 
 def _stats() -> dict[int, tuple[str, int, float]]:
     """pid -> (command name, parent pid, user + system CPU seconds) of every process."""
     out: dict[int, tuple[str, int, float]] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "stat").read_text()
-        except OSError:  # it just ended
-            continue
-        name = raw[raw.index("(") + 1: raw.rindex(")")]
-        fields = raw.rsplit(")", 1)[1].split()  # fields[0] is the state, [1] the parent
-        out[int(entry.name)] = (name, int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK)
+        if entry.name.isdigit() and (stat := read_stat(entry / "stat")) is not None:
+            name, parent, ticks = stat
+            out[int(entry.name)] = (name, parent, ticks / TICKS_PER_S)
     return out
 
 

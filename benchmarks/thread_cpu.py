@@ -13,23 +13,20 @@ library threads) are counted together under ``omp+native``. Linux only.
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 
+from benchmarks.process_cpu import TICKS_PER_S, read_stat
+
 NATIVE = "omp+native"
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _thread_ticks() -> dict[int, int]:
     """utime + stime ticks of every live thread of this process, by tid."""
     out: dict[int, int] = {}
     for task in Path("/proc/self/task").iterdir():
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the thread just ended
-            continue
-        out[int(task.name)] = int(fields[11]) + int(fields[12])  # utime, stime
+        if (stat := read_stat(task / "stat")) is not None:
+            out[int(task.name)] = stat[2]
     return out
 
 
@@ -71,6 +68,6 @@ class ThreadCpu:
             if tid == own:
                 continue
             name = self._names.get(tid, NATIVE)
-            spent = (ticks - self._start.get(tid, 0)) / _TICK
+            spent = (ticks - self._start.get(tid, 0)) / TICKS_PER_S
             totals[name] = totals.get(name, 0.0) + spent
         self.seconds = {k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}

@@ -76,7 +76,12 @@ def test_decode_rows_are_binned_per_second() -> None:
     assert binned(steps, origin=100.0, width=2.0) == {0: 20.0, 1: 4.0}
 
 
-def test_finish_batch_is_refused_beside_the_control_run(capsys: pytest.CaptureFixture[str]) -> None:
+def test_finish_batch_is_refused_beside_the_control_run(capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    def ran(_args: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(mixed_load, "run", ran)
     with pytest.raises(SystemExit):
         mixed_load.main(["--finish-batch"])
     assert "--no-control" in capsys.readouterr().err
