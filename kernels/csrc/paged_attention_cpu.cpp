@@ -95,6 +95,14 @@ constexpr int64_t kPrefetchBlocks = ATTN_PREFETCH_BLOCKS;
 #ifndef ATTN_HEAD_PREFETCH
 #define ATTN_HEAD_PREFETCH 1
 #endif
+// Up to how many query tokens a tile may have for each block's lines to be asked for into L1
+// all at once right before the block is read (pull_to_l1 in prefetch.h); 0: never (for
+// tuning, -D). Decode tiles (one token) read a block for little arithmetic and gain (0.78x
+// to 0.89x the time on an AMD EPYC Zen 5, docs/kernels.md); tiles of 4 tokens neither gained
+// nor lost, and 8-token prefill tiles took 1.06x the time with it.
+#ifndef ATTN_PULL_MAX_TOKENS
+#define ATTN_PULL_MAX_TOKENS 1
+#endif
 
 // A tile of a sequence's queries over one segment of its context: the blocks [block_begin,
 // block_end) that it may see (its window's first block and its last key bound them too).
@@ -364,8 +372,19 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
   };
   for (int64_t i = 0; i < std::min(kPrefetchBlocks, num_visits); ++i) ask(visits[i]);
   int64_t visit = 0;
-  auto next_visit = [&]() {  // the block to read now; its successor's lines start to be asked for
+  const bool pull = tile_tokens <= ATTN_PULL_MAX_TOKENS;
+  // The block to read now, its lines asked for into L1 all at once when the tile is short
+  // (pull); the lines of its successor kPrefetchBlocks ahead start to be asked for.
+  auto next_visit = [&]() {
     if (visit + kPrefetchBlocks < num_visits) ask(visits[visit + kPrefetchBlocks]);
+    if (pull) {  // the same lines as ask's, into L1 now
+      const scalar_t* now = visits[visit];
+      if (heads == num_kv_heads || !ATTN_HEAD_PREFETCH) {
+        pull_to_l1(now, 1, block_bytes, block_bytes);
+      } else {
+        pull_to_l1(now + head_begin * head_dim, block_size, heads * head_dim * elem, row_stride * elem);
+      }
+    }
     return visits[visit++];
   };
   for (int64_t c0 = first_block; c0 < num_blocks; c0 += chunk_blocks) {
