@@ -298,7 +298,8 @@ struct Options {
 // vector, one softmax update per vector folds the chunk in, then the values are summed.
 // Each block's K, then its V (block_size rows of all heads, contiguous) is read in one
 // visit, so K/V come from memory once per tile; the lines of the visit kPrefetchBlocks
-// ahead are asked for a line at a time during the arithmetic (prefetch.h).
+// ahead are asked for a line at a time during the arithmetic (prefetch.h), and a decode
+// tile's block is asked for into L1 in one burst right before it is read (pull_to_l1).
 // D > 0: a head_dim of D, vectorised with the cache widened to fp32 lanes as it is read;
 // D == 0: any head_dim, scalar dot products and value sums.
 template <typename scalar_t, int D>
@@ -377,6 +378,8 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
   // (pull); the lines of its successor kPrefetchBlocks ahead start to be asked for.
   auto next_visit = [&]() {
     if (visit + kPrefetchBlocks < num_visits) ask(visits[visit + kPrefetchBlocks]);
+    // Written out here, not in a lambda of its own: GCC 12 dropped the requests from such a
+    // lambda's body (the build had no prefetcht0; `objdump -d <build>.so | grep -c prefetcht0`).
     if (pull) {  // the same lines as ask's, into L1 now
       const scalar_t* now = visits[visit];
       if (heads == num_kv_heads || !ATTN_HEAD_PREFETCH) {
