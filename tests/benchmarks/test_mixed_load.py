@@ -104,7 +104,7 @@ def test_a_tiny_run_measures_every_part(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out, plot = tmp_path / "mixed.json", tmp_path / "mixed.png"
     assert mixed_load.main([
-        "--model", "tiny-llama", "--batch-lines", "200", "--batch-max-tokens", "200",
+        "--model", "tiny-llama", "--batch-lines", "200", "--batch-max-tokens", "1000",
         "--requests", "4", "--rate", "4", "--interactive-max-tokens", "8",
         "--batch-warmup", "0.5", "--batch-window", "1", "--overhead-requests", "2",
         "--threads", "1", "--worker-arg=--max-num-seqs=8",
