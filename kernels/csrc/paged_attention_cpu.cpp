@@ -365,12 +365,15 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
   }
   const auto num_visits = static_cast<int64_t>(visits.size());
   Prefetcher pf;
-  // The lines of a visit this item reads: the whole block, or its heads' part of every slot.
+  // The lines of a visit this item reads: the whole block (one run), or its heads' part of
+  // every slot (block_size runs, a slot apart), from `part_offset` elements into the block.
   const int64_t elem = static_cast<int64_t>(sizeof(scalar_t));
-  auto ask = [&](const scalar_t* block) {
-    if (heads == num_kv_heads || !ATTN_HEAD_PREFETCH) return pf.start(block, block_bytes);
-    pf.start(block + head_begin * head_dim, block_size, heads * head_dim * elem, row_stride * elem);
-  };
+  const bool whole = heads == num_kv_heads || !ATTN_HEAD_PREFETCH;
+  const int64_t part_offset = whole ? 0 : head_begin * head_dim;
+  const int64_t part_rows = whole ? 1 : block_size;
+  const int64_t part_run = whole ? block_bytes : heads * head_dim * elem;
+  const int64_t part_stride = whole ? block_bytes : row_stride * elem;
+  auto ask = [&](const scalar_t* block) { pf.start(block + part_offset, part_rows, part_run, part_stride); };
   for (int64_t i = 0; i < std::min(kPrefetchBlocks, num_visits); ++i) ask(visits[i]);
   int64_t visit = 0;
   const bool pull = tile_tokens <= ATTN_PULL_MAX_TOKENS;
@@ -380,14 +383,7 @@ void run_item(const WorkItem& item, const scalar_t* query, const scalar_t* k_cac
     if (visit + kPrefetchBlocks < num_visits) ask(visits[visit + kPrefetchBlocks]);
     // Written out here, not in a lambda of its own: GCC 12 dropped the requests from such a
     // lambda's body (the build had no prefetcht0; `objdump -d <build>.so | grep -c prefetcht0`).
-    if (pull) {  // the same lines as ask's, into L1 now
-      const scalar_t* now = visits[visit];
-      if (heads == num_kv_heads || !ATTN_HEAD_PREFETCH) {
-        pull_to_l1(now, 1, block_bytes, block_bytes);
-      } else {
-        pull_to_l1(now + head_begin * head_dim, block_size, heads * head_dim * elem, row_stride * elem);
-      }
-    }
+    if (pull) pull_to_l1(visits[visit] + part_offset, part_rows, part_run, part_stride);
     return visits[visit++];
   };
   for (int64_t c0 = first_block; c0 < num_blocks; c0 += chunk_blocks) {
