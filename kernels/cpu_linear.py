@@ -9,6 +9,11 @@ rows, where the matmul is bound by reading the weights: oneDNN's prepacked path 
 them at about 60% of the memory bandwidth at 8 rows, this kernel at full speed (figures in
 docs/kernels.md). Each output row is computed the same way whatever the row count, so a
 sequence's result never depends on its batch.
+
+Panels hold fp32, or bf16 (``pack(..., dtype=torch.bfloat16)``) for a weight whose every
+value is a bf16 value, such as a bf16 checkpoint loaded in fp32 (:func:`exact_in_bf16`):
+the kernel widens each bf16 vector to fp32 as it loads it, so the outputs are those of the
+fp32 panels bit for bit while the weight is read from half the bytes.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from types import ModuleType
 import torch
 
 LINEAR_NAME = "inflight_linear_cpu"
+PANEL_DTYPES = (torch.float32, torch.bfloat16)
+_CHECK_ROWS = 1024  # rows of a weight compared at a time by exact_in_bf16 (bounds its copies)
 
 
 @functools.cache
@@ -35,14 +42,31 @@ def load(isa: str | None = None) -> ModuleType:
     return _extension(isa or cpu_native.default_isa())
 
 
-def pack(weight: torch.Tensor, ext: ModuleType | None = None) -> torch.Tensor:
-    """``weight`` ``[N, K]`` fp32 as column panels ``[P, K, W]``, P = ceil(N / W), the
-    columns past N zero."""
+def exact_in_bf16(weight: torch.Tensor) -> bool:
+    """Whether every value of fp32 ``weight`` is a bf16 value (rounding it to bf16 changes
+    nothing; a NaN never compares equal, so a weight holding one is not), compared a block
+    of rows at a time, stopping at the first block that differs."""
+    w = weight.detach()
+    for start in range(0, w.shape[0], _CHECK_ROWS):
+        rows = w[start : start + _CHECK_ROWS]
+        if not torch.equal(rows.to(torch.bfloat16).to(rows.dtype), rows):
+            return False
+    return True
+
+
+def pack(weight: torch.Tensor, ext: ModuleType | None = None,
+         dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``weight`` ``[N, K]`` fp32 as column panels ``[P, K, W]`` of ``dtype`` (fp32, or bf16
+    where :func:`exact_in_bf16`), P = ceil(N / W), the columns past N zero."""
+    if dtype not in PANEL_DTYPES:
+        raise ValueError(f"panels hold {PANEL_DTYPES}, not {dtype}")
+    if dtype != weight.dtype and not exact_in_bf16(weight):
+        raise ValueError("the weight has values that are not bf16 values: its panels stay fp32")
     ext = ext or load()
     width = int(ext.panel_width())
     n, k = weight.shape
     full, rest = divmod(n, width)
-    out = weight.new_empty(full + (rest > 0), k, width)  # [P, K, W], the only copy made
+    out = weight.new_empty(full + (rest > 0), k, width, dtype=dtype)  # [P, K, W], the only copy made
     w = weight.detach()
     out[:full] = w[: full * width].view(full, width, k).transpose(1, 2)  # [full, K, W]
     if rest:
@@ -56,7 +80,7 @@ def linear(x: torch.Tensor,  # [M, K]
            out_features: int,
            bias: torch.Tensor | None = None,  # [N]
            ext: ModuleType | None = None) -> torch.Tensor:  # [M, N]
-    """``x W^T + b`` from a weight packed by :func:`pack` (the same build)."""
+    """``x W^T + b`` (fp32) from a weight packed by :func:`pack` (the same build)."""
     return (ext or load()).linear(x, packed, out_features, bias)
 
 

@@ -34,8 +34,8 @@
 
 namespace {
 
-// One packed linear: the panels [P, K, W] of kernels/cpu_linear.py, its output width and
-// its bias (undefined: none).
+// One packed linear: the panels [P, K, W] of kernels/cpu_linear.py (fp32 or bf16), its
+// output width and its bias (undefined: none).
 struct Linear {
   torch::Tensor panels;
   int64_t out_features;
@@ -67,8 +67,8 @@ void norm_heads_(torch::Tensor& qkv, int64_t start, int64_t width, const torch::
 }
 
 Linear make_linear(const torch::Tensor& panels, int64_t out_features, const torch::Tensor& bias) {
-  TORCH_CHECK(panels.dim() == 3 && panels.is_contiguous() && panels.scalar_type() == torch::kFloat32,
-              "decoder stack: packed weights must be contiguous float32 [P, K, W]");
+  TORCH_CHECK(panels.dim() == 3 && panels.is_contiguous() && panel_dtype(panels),
+              "decoder stack: packed weights must be contiguous float32 or bfloat16 [P, K, W]");
   return {panels, out_features, bias.defined() && bias.numel() > 0 ? c10::optional<torch::Tensor>(bias)
                                                                    : c10::nullopt};
 }

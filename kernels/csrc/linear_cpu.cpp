@@ -22,6 +22,11 @@
 // and later tiles of a block ran from cache with the memory idle. Calls of one tile's rows
 // leave the panels to the hardware prefetcher (LINEAR_AHEAD_MIN_ROWS below).
 //
+// The panels hold fp32, or bf16 where every value of the weight is a bf16 value (a bf16
+// checkpoint computed in fp32): a bf16 panel vector is widened to fp32 lanes as it is
+// loaded (a shift into the high half of each lane, exact), and everything else is the same,
+// so the outputs are those of the fp32 panels bit for bit, from half the bytes.
+//
 // Every output row is computed by the same sequence of operations whatever the number of
 // rows, its block or its place in a tile: sums over k in blocks of kKc, one FMA chain per
 // block, each block's sum added to the output in k order, then the bias. A sequence's
@@ -30,6 +35,8 @@
 #include <ATen/Parallel.h>
 
 #include <array>
+#include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -120,6 +127,9 @@ inline vf fmadd(vf a, vf b, vf c) {
 #endif
 }
 
+// A panel's element types: fp32, or bf16 widened to fp32 as it is loaded.
+using bf16 = c10::BFloat16;
+
 // One float in every lane, loaded straight from memory (one vbroadcastss).
 inline vf broadcast(const float* p) {
 #if defined(__AVX512F__)
@@ -149,10 +159,12 @@ struct Ahead {
 
 // The sums of one register tile: rows [0, MR) of `a` (row stride lda) times a panel block
 // `b` ([kc][kNr]), one FMA chain per row and vector over k; `ahead` is asked for meanwhile
-// when `Ask` (without it the loop carries no request at all).
-template <int MR, bool Ask>
-inline void tile_sums(int64_t kc, const float* a, int64_t lda, const float* b, vf (&sum)[MR][kNv],
-                      Ahead ahead) {
+// when `Ask` (without it the loop carries no request at all). A bf16 block's vectors are
+// widened as they are loaded, and also stored to `spill` ([kc][kNr] fp32) when it is not
+// null, for the block's later tiles to read.
+template <int MR, bool Ask, typename W>
+inline void tile_sums(int64_t kc, const float* a, int64_t lda, const W* b, vf (&sum)[MR][kNv],
+                      Ahead ahead, float* spill) {
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
@@ -160,11 +172,17 @@ inline void tile_sums(int64_t kc, const float* a, int64_t lda, const float* b, v
   for (int64_t k = 0; k < kc; ++k) {
     vf bv[kNv];
 #pragma GCC unroll 4
-    for (int v = 0; v < kNv; ++v) bv[v] = loadu(b + k * kNr + v * kLanes);
+    for (int v = 0; v < kNv; ++v) bv[v] = inflight_cpu::loadv(b + k * kNr + v * kLanes);
+    if constexpr (!std::is_same_v<W, float>) {
+      if (spill != nullptr) {
+#pragma GCC unroll 4
+        for (int v = 0; v < kNv; ++v) inflight_cpu::storev(spill + k * kNr + v * kLanes, bv[v]);
+      }
+    }
 #if LINEAR_PF > 0
 #pragma GCC unroll 4
-    for (int o = 0; o < kNr; o += 16)  // each 64-byte line of the panel row
-      _mm_prefetch(reinterpret_cast<const char*>(b + k * kNr + o + LINEAR_PF), _MM_HINT_T0);
+    for (int64_t o = 0; o < kNr * static_cast<int64_t>(sizeof(W)); o += 64)  // each line of the panel row
+      _mm_prefetch(reinterpret_cast<const char*>(b + k * kNr + LINEAR_PF) + o, _MM_HINT_T0);
 #endif
     if constexpr (Ask) ahead.step();
 #pragma GCC unroll 16
@@ -179,11 +197,11 @@ inline void tile_sums(int64_t kc, const float* a, int64_t lda, const float* b, v
 // One register tile into `c` (row stride ldc): its sums added to what `c` holds when
 // `accumulate`, else stored; then `bias` (kNr values, or null) added. A panel narrower
 // than kNr (`cols`, the weight's last) writes only its first `cols` columns.
-template <int MR, bool Ask>
-void tile(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int64_t ldc,
-          bool accumulate, const float* bias, int cols, Ahead ahead) {
+template <int MR, bool Ask, typename W>
+void tile(int64_t kc, const float* a, int64_t lda, const W* b, float* c, int64_t ldc,
+          bool accumulate, const float* bias, int cols, Ahead ahead, float* spill) {
   vf sum[MR][kNv];
-  tile_sums<MR, Ask>(kc, a, lda, b, sum, ahead);
+  tile_sums<MR, Ask, W>(kc, a, lda, b, sum, ahead, spill);
   if (cols == kNr) {
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
@@ -210,24 +228,28 @@ void tile(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int
   }
 }
 
-using TileFn = void (*)(int64_t, const float*, int64_t, const float*, float*, int64_t, bool,
-                        const float*, int, Ahead);
+template <typename W>
+using TileFn = void (*)(int64_t, const float*, int64_t, const W*, float*, int64_t, bool,
+                        const float*, int, Ahead, float*);
 
-template <bool Ask, int... R>
-constexpr std::array<TileFn, sizeof...(R)> tiles(std::integer_sequence<int, R...>) {
-  return {&tile<R + 1, Ask>...};
+template <bool Ask, typename W, int... R>
+constexpr std::array<TileFn<W>, sizeof...(R)> tiles(std::integer_sequence<int, R...>) {
+  return {&tile<R + 1, Ask, W>...};
 }
 // The register tiles by row count (index rows - 1), asking for the next block or not.
-constexpr auto kAskingTiles = tiles<true>(std::make_integer_sequence<int, kMr>{});
-constexpr auto kQuietTiles = tiles<false>(std::make_integer_sequence<int, kMr>{});
+template <typename W>
+constexpr auto kAskingTiles = tiles<true, W>(std::make_integer_sequence<int, kMr>{});
+template <typename W>
+constexpr auto kQuietTiles = tiles<false, W>(std::make_integer_sequence<int, kMr>{});
 
-// The panel block read after block k0 of panel p in row block r0 ([kc][kNr] floats from
+// The panel block read after block k0 of panel p in row block r0 ([kc][kNr] elements from
 // the pointer; kc 0 when none follows in this call): the panel's next k block, the next
 // panel's first, the first panel's again for the next row block, or `after` (the first
 // block of the caller's next call, or null).
-std::pair<const float*, int64_t> following_block(const float* w, int64_t m, int64_t k, int64_t p_begin,
-                                                 int64_t p_end, int64_t r0, int64_t p, int64_t k0,
-                                                 const float* after) {
+template <typename W>
+std::pair<const W*, int64_t> following_block(const W* w, int64_t m, int64_t k, int64_t p_begin,
+                                             int64_t p_end, int64_t r0, int64_t p, int64_t k0,
+                                             const W* after) {
   if (k0 + kKc < k) return {w + (p * k + k0 + kKc) * kNr, std::min(kKc, k - k0 - kKc)};
   if (p + 1 < p_end) return {w + (p + 1) * k * kNr, std::min(kKc, k)};
   if (r0 + kMc < m) return {w + p_begin * k * kNr, std::min(kKc, k)};
@@ -238,17 +260,26 @@ std::pair<const float*, int64_t> following_block(const float* w, int64_t m, int6
 // each panel over its k blocks, each k block over the block's register tiles, which ask for
 // the following block's lines between them (Ahead), tile t for the t-th share. `after` is
 // the first panel block the caller reads next (its lines are asked for during the last
-// block), or null.
-void run_panels(const float* x, int64_t lda, const float* w, const float* bias, float* y,
+// block), or null. A bf16 block's first tile widens each vector as it loads it; where later
+// tiles read the block too, the first also stores the widened block (`wide`, kept in
+// cache) and they read that: widening in every tile took 1.13x the time of fp32 panels at
+// 64 rows, and widening the block alone before its tiles (a step in which the FMA units
+// wait) 1.04-1.09x at 16-48 rows.
+template <typename W>
+void run_panels(const float* x, int64_t lda, const W* w, const float* bias, float* y,
                 int64_t m, int64_t n, int64_t k, int64_t p_begin, int64_t p_end,
-                const float* after = nullptr) {
+                const W* after = nullptr) {
   const bool ask = LINEAR_AHEAD && m >= LINEAR_AHEAD_MIN_ROWS;
-  const auto& tile_fns = ask ? kAskingTiles : kQuietTiles;
+  const auto& tile_fns = ask ? kAskingTiles<W> : kQuietTiles<W>;
+  const auto& wide_fns = ask ? kAskingTiles<float> : kQuietTiles<float>;
+  // [kKc][kNr], uninitialised (only bf16 panels under several tiles use it)
+  const bool widens = !std::is_same_v<W, float> && m > kMr;
+  const std::unique_ptr<float[]> wide(widens ? new float[kKc * kNr] : nullptr);
   for (int64_t r0 = 0; r0 < m; r0 += kMc) {
     const int64_t rows = std::min(kMc, m - r0);
     const int64_t tiles = (rows + kMr - 1) / kMr;
     for (int64_t p = p_begin; p < p_end; ++p) {
-      const float* panel = w + p * k * kNr;  // [k][kNr]
+      const W* panel = w + p * k * kNr;  // [k][kNr]
       const int64_t col0 = p * kNr;
       const int cols = static_cast<int>(std::min<int64_t>(kNr, n - col0));
       for (int64_t k0 = 0; k0 < k; k0 += kKc) {
@@ -256,9 +287,11 @@ void run_panels(const float* x, int64_t lda, const float* w, const float* bias, 
         const bool accumulate = k0 > 0, last = k0 + kc == k;
         const float* b = bias && last ? bias + col0 : nullptr;
         const auto [next, next_kc] = following_block(w, m, k, p_begin, p_end, r0, p, k0, after);
-        const int64_t lines = next_kc * kNr * static_cast<int64_t>(sizeof(float)) / 64;
+        const int64_t lines = next_kc * kNr * static_cast<int64_t>(sizeof(W)) / 64;
         const int64_t share = (lines + tiles - 1) / tiles;  // lines per tile
         const char* next_bytes = reinterpret_cast<const char*>(next);
+        const W* block = panel + k0 * kNr;  // [kc][kNr]
+        float* spill = widens && tiles > 1 ? wide.get() : nullptr;  // the first tile fills it
         for (int64_t i0 = 0, t = 0; i0 < rows; i0 += kMr, ++t) {
           const int mr = static_cast<int>(std::min<int64_t>(kMr, rows - i0));
           const float* a = x + (r0 + i0) * lda + k0;
@@ -268,7 +301,11 @@ void run_panels(const float* x, int64_t lda, const float* w, const float* bias, 
             const int64_t from = std::min(lines, t * share), to = std::min(lines, from + share);
             ahead = {next_bytes + from * 64, next_bytes + to * 64, (share + kc - 1) / kc};
           }
-          tile_fns[mr - 1](kc, a, lda, panel + k0 * kNr, c, n, accumulate, b, cols, ahead);
+          if (spill != nullptr && t > 0) {
+            wide_fns[mr - 1](kc, a, lda, spill, c, n, accumulate, b, cols, ahead, nullptr);
+          } else {
+            tile_fns[mr - 1](kc, a, lda, block, c, n, accumulate, b, cols, ahead, spill);
+          }
         }
       }
     }
@@ -279,14 +316,18 @@ void run_panels(const float* x, int64_t lda, const float* w, const float* bias, 
 
 int64_t panel_width() { return kNr; }
 
-// x [M, K] (rows may be strided, elements contiguous), packed [P, K, kNr], bias [N] or
-// None -> [M, N].
+// Whether `packed` holds panels of an element type the kernel reads: fp32 or bf16.
+bool panel_dtype(const torch::Tensor& packed) {
+  return packed.scalar_type() == torch::kFloat32 || packed.scalar_type() == torch::kBFloat16;
+}
+
+// x [M, K] (rows may be strided, elements contiguous), packed [P, K, kNr] fp32 or bf16,
+// bias [N] or None -> [M, N] fp32.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t n,
                      const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be a float32 [M, K] matrix");
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kNr && packed.is_contiguous() &&
-                  packed.scalar_type() == torch::kFloat32,
-              "packed weight must be a contiguous float32 [P, K, ", kNr, "] tensor");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kNr && packed.is_contiguous() && panel_dtype(packed),
+              "packed weight must be a contiguous float32 or bfloat16 [P, K, ", kNr, "] tensor");
   const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0);
   TORCH_CHECK(packed.size(1) == k, "x has ", k, " columns, the weight ", packed.size(1));
   TORCH_CHECK(n > (panels - 1) * kNr && n <= panels * kNr, "n=", n, " does not match ", panels, " panels");
@@ -301,12 +342,18 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, int64_
   if (k == 0) return b.defined() ? y.copy_(b.expand({m, n})) : y.zero_();
   const float* xp = xs.data_ptr<float>();
   const int64_t lda = xs.stride(0);
-  const float* wp = packed.data_ptr<float>();
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    run_panels(xp, lda, wp, bp, yp, m, n, k, begin, end);
-  });
+  auto run = [&](const auto* wp) {
+    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+      run_panels(xp, lda, wp, bp, yp, m, n, k, begin, end);
+    });
+  };
+  if (packed.scalar_type() == torch::kBFloat16) {
+    run(packed.data_ptr<bf16>());
+  } else {
+    run(packed.data_ptr<float>());
+  }
   return y;
 }
 
@@ -323,16 +370,16 @@ torch::Tensor grouped_linear(const torch::Tensor& x, const std::vector<int64_t>&
   const int64_t m = x.size(0), k = x.size(1), panels = packed[0].size(0);
   TORCH_CHECK(offsets.front() == 0 && offsets.back() == m, "offsets must run from 0 to ", m);
   TORCH_CHECK(n > (panels - 1) * kNr && n <= panels * kNr, "n=", n, " does not match ", panels, " panels");
-  std::vector<const float*> weights(packed.size());
+  const auto dtype = packed[0].scalar_type();
+  TORCH_CHECK(panel_dtype(packed[0]), "packed weights must be float32 or bfloat16");
   std::vector<std::pair<int64_t, int64_t>> items;  // (expert, panel) of the experts with rows
   for (size_t e = 0; e < packed.size(); ++e) {
     const torch::Tensor& w = packed[e];
     TORCH_CHECK(w.dim() == 3 && w.size(0) == panels && w.size(1) == k && w.size(2) == kNr &&
-                    w.is_contiguous() && w.scalar_type() == torch::kFloat32,
-                "expert ", e, "'s packed weight must be a contiguous float32 [", panels, ", ", k, ", ",
-                kNr, "] tensor");
+                    w.is_contiguous() && w.scalar_type() == dtype,
+                "expert ", e, "'s packed weight must be a contiguous [", panels, ", ", k, ", ", kNr,
+                "] tensor of the first expert's dtype");
     TORCH_CHECK(offsets[e + 1] >= offsets[e], "offsets must not decrease");
-    weights[e] = w.data_ptr<float>();
     if (offsets[e + 1] > offsets[e]) {
       for (int64_t p = 0; p < panels; ++p) items.emplace_back(static_cast<int64_t>(e), p);
     }
@@ -344,16 +391,26 @@ torch::Tensor grouped_linear(const torch::Tensor& x, const std::vector<int64_t>&
   const float* xp = xs.data_ptr<float>();
   const int64_t lda = xs.stride(0);
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const auto [e, p] = items[i];
-      const int64_t first = offsets[e], rows = offsets[e + 1] - first;
-      const float* after = nullptr;  // the next item's first block, read next on this thread
-      if (i + 1 < end) after = weights[items[i + 1].first] + items[i + 1].second * k * kNr;
-      run_panels(xp + first * lda, lda, weights[e], nullptr, yp + first * n, rows, n, k, p, p + 1,
-                 after);
-    }
-  });
+  auto run = [&](auto element) {
+    using W = decltype(element);
+    std::vector<const W*> weights;
+    for (const auto& w : packed) weights.push_back(w.data_ptr<W>());
+    at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const auto [e, p] = items[i];
+        const int64_t first = offsets[e], rows = offsets[e + 1] - first;
+        const W* after = nullptr;  // the next item's first block, read next on this thread
+        if (i + 1 < end) after = weights[items[i + 1].first] + items[i + 1].second * k * kNr;
+        run_panels(xp + first * lda, lda, weights[e], nullptr, yp + first * n, rows, n, k, p, p + 1,
+                   after);
+      }
+    });
+  };
+  if (dtype == torch::kBFloat16) {
+    run(bf16{});
+  } else {
+    run(float{});
+  }
   return y;
 }
 
@@ -365,9 +422,10 @@ using NoGil = pybind11::call_guard<pybind11::gil_scoped_release>;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("panel_width", &panel_width, "output columns per packed panel (kNv vectors)");
-  mod.def("linear", &linear, "x W^T + b from a weight packed into column panels (fp32)",
+  mod.def("linear", &linear, "x W^T + b from a weight packed into column panels (fp32 or bf16)",
           NoGil());
   mod.def("grouped_linear", &grouped_linear,
-          "each expert's rows times its packed weight, every expert in one call (fp32)", NoGil());
+          "each expert's rows times its packed weight, every expert in one call (fp32 or bf16)",
+          NoGil());
 }
 #endif  // INFLIGHT_NO_MODULE

@@ -2,7 +2,8 @@
 ``torch.nn.functional.linear`` (in float64), for every kernel build this CPU can run: row
 counts across one register tile, several tiles and several row blocks; output widths that
 are not a whole panel; inner sizes across one and several k blocks; bias or none; strided
-rows. And batch invariance to the bit: a row's output never depends on the rows beside it."""
+rows. And batch invariance to the bit: a row's output never depends on the rows beside it.
+bf16 panels (a weight exact in bf16) give the fp32 panels' outputs to the bit."""
 
 from __future__ import annotations
 
@@ -112,3 +113,60 @@ def test_grouped_linear_refuses_bad_offsets_and_shapes(ext) -> None:
     other = [*packed[:2], cpu_linear.pack(torch.randn(8, 12), ext)]
     with pytest.raises(RuntimeError, match="expert 2"):
         cpu_linear.grouped_linear(x, [0, 1, 2, 4], other, 8, ext)
+
+
+def _bf16_exact(*shape: int, gen: torch.Generator) -> torch.Tensor:
+    """An fp32 tensor whose every value is a bf16 value (a bf16 checkpoint loaded in fp32)."""
+    return torch.randn(*shape, generator=gen).bfloat16().float()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 13, 40, 300])
+@pytest.mark.parametrize(("out_features", "in_features"), [(576, 576), (100, 1000), (7, 3), (49, 385)])
+def test_bf16_panels_give_the_fp32_panels_outputs_bit_for_bit(ext, rows: int, out_features: int,
+                                                                in_features: int) -> None:
+    """A weight exact in bf16 packed into bf16 panels (half the bytes) gives what its fp32
+    panels give, to the bit: one register tile widening as it loads, several tiles reading
+    a block widened once, k across several blocks, a last panel narrower than the rest."""
+    gen = torch.Generator().manual_seed(rows * 7 + in_features)
+    w = _bf16_exact(out_features, in_features, gen=gen)
+    b = torch.randn(out_features, generator=gen)
+    x = torch.randn(rows, in_features, generator=gen)
+    wide, narrow = cpu_linear.pack(w, ext), cpu_linear.pack(w, ext, torch.bfloat16)
+    assert narrow.dtype == torch.bfloat16 and narrow.shape == wide.shape
+    assert torch.equal(narrow.float(), wide)  # the same values, zero padding included
+    for bias in (b, None):
+        assert torch.equal(cpu_linear.linear(x, narrow, out_features, bias, ext),
+                           cpu_linear.linear(x, wide, out_features, bias, ext))
+
+
+def test_grouped_linear_over_bf16_panels_equals_the_fp32_ones(ext) -> None:
+    gen = torch.Generator().manual_seed(5)
+    weights = [_bf16_exact(49, 385, gen=gen) for _ in range(3)]
+    x = torch.randn(30, 385, generator=gen)
+    offsets = [0, 4, 4, 30]  # one expert without rows, one of several register tiles
+    wide = cpu_linear.grouped_linear(x, offsets, [cpu_linear.pack(w, ext) for w in weights], 49, ext)
+    narrow = [cpu_linear.pack(w, ext, torch.bfloat16) for w in weights]
+    assert torch.equal(cpu_linear.grouped_linear(x, offsets, narrow, 49, ext), wide)
+    mixed = [*narrow[:2], cpu_linear.pack(weights[2], ext)]
+    with pytest.raises(RuntimeError, match="first expert's dtype"):
+        cpu_linear.grouped_linear(x, offsets, mixed, 49, ext)
+
+
+def test_bf16_panels_only_for_weights_exact_in_bf16(ext) -> None:
+    """Packing never rounds: a weight with a value bf16 cannot hold is refused bf16 panels."""
+    gen = torch.Generator().manual_seed(9)
+    exact = _bf16_exact(3000, 16, gen=gen)  # more rows than one block of the check
+    assert cpu_linear.exact_in_bf16(exact)
+    for row in (0, 2999):  # one value off bf16 in the first block of rows, or the last
+        off = exact.clone()
+        off[row, 3] += 2.0**-20
+        assert not cpu_linear.exact_in_bf16(off)
+        with pytest.raises(ValueError, match="not bf16 values"):
+            cpu_linear.pack(off, ext, torch.bfloat16)
+    nan = exact.clone()
+    nan[5, 5] = float("nan")
+    assert not cpu_linear.exact_in_bf16(nan)
+    with pytest.raises(ValueError, match="panels hold"):
+        cpu_linear.pack(exact, ext, torch.float16)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        cpu_linear.linear(torch.randn(2, 16), cpu_linear.pack(exact, ext).half(), 3000, None, ext)

@@ -1,0 +1,101 @@
+"""An fp32 model whose weights are all bf16 values (a bf16 checkpoint run in fp32) keeps
+them in bf16 panels: half the bytes read per step, and the same tokens as transformers' fp32
+``generate`` and as the same engine on fp32 panels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.bf16_checkpoint import save_bf16
+from tests.conftest import checkpoint_dir, prompt_token_lists
+from worker.engine import LLMEngine, SamplingParams
+from worker.engine.models.cpu_linear import (
+    PANELS_ENV,
+    PackedLinear,
+    PanelMatmul,
+    panel_dtype,
+    panels_choice,
+)
+from worker.engine.models.native_stack import NativeDecodeStack
+
+NEW_TOKENS = 16
+
+
+def test_the_panel_dtype_follows_the_weight_the_build_and_the_choice(monkeypatch) -> None:
+    exact = torch.randn(40, 24).bfloat16().float()
+    inexact = exact + 2.0**-12  # values bf16 cannot hold
+    assert panel_dtype(exact, "avx512") == torch.bfloat16
+    assert panel_dtype(exact, "avx2") == torch.float32  # the AVX2 build keeps fp32 by default
+    assert panel_dtype(exact, "avx2", "bf16") == torch.bfloat16
+    assert panel_dtype(exact, "avx512", "fp32") == torch.float32
+    assert panel_dtype(inexact, "avx512") == panel_dtype(inexact, "avx2", "bf16") == torch.float32
+    assert panels_choice() == "auto"
+    monkeypatch.setenv(PANELS_ENV, " BF16 ")
+    assert panels_choice() == "bf16"
+    monkeypatch.setenv(PANELS_ENV, "fp16")
+    with pytest.raises(ValueError, match="expected one of auto, bf16, fp32"):
+        panels_choice()
+
+
+def bf16_checkpoint(arch: str, where: Path) -> Path:
+    """The tiny ``arch`` checkpoint saved in bf16, as most published checkpoints are."""
+    return save_bf16(Path(checkpoint_dir(f"tiny-{arch}")), where)
+
+
+def hf_greedy_fp32(path: Path, prompts: list[list[int]]) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    outs = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                                 min_new_tokens=0, do_sample=False, eos_token_id=[],
+                                 pad_token_id=model.config.pad_token_id or 0)
+            outs.append(out[0, len(prompt):].tolist())
+    return outs
+
+
+def run(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, params)
+    done: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        outputs, _ = engine.step()
+        done.update({o.request_id: o.token_ids for o in outputs if o.finished})
+    return [done[f"r{i}"] for i in range(len(prompts))]
+
+
+def panel_dtypes(engine: LLMEngine) -> set[torch.dtype]:
+    model = engine.runner.model
+    dtypes = {m.matmul.panels.dtype for m in model.modules()
+              if isinstance(m, PackedLinear) and isinstance(m.matmul, PanelMatmul)}
+    for layer in getattr(model, "decoder_layers", []):  # experts packed one call per projection
+        for grouped in getattr(layer.mlp, "grouped", None) or ():
+            dtypes |= {p.dtype for p in grouped.panels}
+    return dtypes
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3moe"])
+def test_a_bf16_checkpoint_in_fp32_reads_bf16_panels_and_gives_the_same_tokens(
+        arch: str, tmp_path: Path, monkeypatch) -> None:
+    path = bf16_checkpoint(arch, tmp_path / arch)
+    monkeypatch.setenv(PANELS_ENV, "bf16")  # on whichever build this CPU runs
+    args = {"dtype": "float32", "num_kv_blocks": 64, "max_num_seqs": 4, "max_num_batched_tokens": 32}
+    engine = LLMEngine(model=str(path), **args)
+    assert engine.runner.dtype == torch.float32
+    assert panel_dtypes(engine) == {torch.bfloat16}
+    if arch == "llama":
+        assert isinstance(engine.runner.model.native_stack, NativeDecodeStack)
+    prompts = prompt_token_lists(engine.tokenizer, 4, seed=5, lo=9, hi=60)
+    outputs = run(engine, prompts)
+    assert outputs == hf_greedy_fp32(path, prompts)
+    monkeypatch.setenv(PANELS_ENV, "fp32")
+    wide = LLMEngine(model=str(path), **args)
+    assert panel_dtypes(wide) == {torch.float32}
+    assert run(wide, prompts) == outputs
