@@ -3,7 +3,7 @@ each other in paired rounds on SmolLM2-135M's 121 projections with the weights c
 
     python benchmarks/linear_builds.py [--isa avx512] [--rows 1,4,8,16,32,64,256]
         [--variant LINEAR_PF=2048] [--variant LINEAR_MR=6+LINEAR_NV=4] [--rounds 7]
-        [--threads 2] [--json out.json]
+        [--threads 2] [--bf16-panels] [--json out.json]
 
 Each ``--variant`` is a ``+``-joined list of ``NAME=VALUE`` macros of
 ``kernels/csrc/linear_cpu.cpp`` (``LINEAR_PF``, ``LINEAR_MR``, ``LINEAR_NV``, ``LINEAR_KC``,
@@ -12,6 +12,9 @@ runs all 30 layers and the head back to back (538 MB of weights) after a 1 GiB r
 pushes them out of the caches, in the same order each round; the table gives each build's
 median and its ratio to the default's median. On a virtual machine whose read rate moves
 from second to second, only these paired ratios mean anything.
+
+``--bf16-panels`` rounds the weights to bf16 values first (a bf16 checkpoint run in fp32)
+and adds the default build over bf16 panels of them ("bf16 panels") to the rounds.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--bf16-panels", action="store_true",
+                        help="weights rounded to bf16, and the default build over bf16 panels too")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -55,7 +60,12 @@ def main() -> None:
     builds = {name: build_variant(name, isa) for name in ["default", *args.variant]}
     generator = torch.Generator().manual_seed(0)
     weights = [torch.randn(out, inp, generator=generator) * 0.05 for inp, out in SHAPES]
+    if args.bf16_panels:
+        weights = [w.bfloat16().float() for w in weights]
     packed = {name: [cpu_linear.pack(w, ext) for w in weights] for name, ext in builds.items()}
+    if args.bf16_panels:
+        builds["bf16 panels"] = builds["default"]
+        packed["bf16 panels"] = [cpu_linear.pack(w, builds["default"], torch.bfloat16) for w in weights]
     evict = torch.ones(2**28)  # 1 GiB, read before every pass
     results = []
     with torch.inference_mode():
@@ -75,7 +85,7 @@ def main() -> None:
             results.append(row)
             print(json.dumps(row), flush=True)
     if args.json:
-        report = {"isa": isa, "threads": args.threads, "rounds": args.rounds,
+        report = {"isa": isa, "threads": args.threads, "rounds": args.rounds, "bf16_panels": args.bf16_panels,
                   "cpu": cpu_description(), "results": results}
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=1)

@@ -9,10 +9,9 @@ packed once at load is multiplied straight from its packed layout every step:
   few rows and runs its register tiles at the FMA units' rate at many (docs/kernels.md).
   With the AVX-512 build, a weight whose values are all bf16 values (a bf16 checkpoint run
   in fp32; published checkpoints mostly are bf16) is kept in bf16 panels and widened as it
-  is read: the same outputs bit for bit from half the bytes and half the memory, a decode
-  step of 1-4 sequences in about half the time, the same from 24 rows on (docs/kernels.md).
-  The AVX2 build keeps fp32 panels: there the widening cost as much as it saved from 4 rows
-  on;
+  is read: the same outputs bit for bit from half the bytes and half the memory; a decode
+  step of 1-2 sequences takes about 0.6x the time, from 8 rows on the same (docs/kernels.md).
+  The AVX2 build keeps fp32 panels by default (it gained less and lost 3% at 16 rows);
 - **bf16, fp16**: oneDNN's blocked layout (``torch.ops.mkldnn``), where oneDNN has a path
   for the dtype on this CPU.
 
