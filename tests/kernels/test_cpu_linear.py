@@ -155,9 +155,9 @@ def test_grouped_linear_over_bf16_panels_equals_the_fp32_ones(ext) -> None:
 def test_bf16_panels_only_for_weights_exact_in_bf16(ext) -> None:
     """Packing never rounds: a weight with a value bf16 cannot hold is refused bf16 panels."""
     gen = torch.Generator().manual_seed(9)
-    exact = _bf16_exact(3000, 16, gen=gen)  # more rows than one block of the check
+    exact = _bf16_exact(3000, 64, gen=gen)  # three comparisons of 1,024 rows (64K values)
     assert cpu_linear.exact_in_bf16(exact)
-    for row in (0, 2999):  # one value off bf16 in the first block of rows, or the last
+    for row in (0, 2999):  # one value off bf16 in the first comparison's rows, or the last's
         off = exact.clone()
         off[row, 3] += 2.0**-20
         assert not cpu_linear.exact_in_bf16(off)
@@ -169,4 +169,4 @@ def test_bf16_panels_only_for_weights_exact_in_bf16(ext) -> None:
     with pytest.raises(ValueError, match="panels hold"):
         cpu_linear.pack(exact, ext, torch.float16)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
-        cpu_linear.linear(torch.randn(2, 16), cpu_linear.pack(exact, ext).half(), 3000, None, ext)
+        cpu_linear.linear(torch.randn(2, 64), cpu_linear.pack(exact, ext).half(), 3000, None, ext)
