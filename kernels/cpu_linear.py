@@ -30,6 +30,10 @@ PANEL_DTYPES = (torch.float32, torch.bfloat16)
 _CHECK_VALUES = 1 << 16
 
 
+class NotExactInBf16(ValueError):
+    """A weight asked to be packed into bf16 panels holds a value bf16 cannot hold."""
+
+
 @functools.cache
 def _extension(isa: str) -> ModuleType:
     from kernels import cpu_native
@@ -60,11 +64,12 @@ def exact_in_bf16(weight: torch.Tensor) -> bool:
 def pack(weight: torch.Tensor, ext: ModuleType | None = None,
          dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``weight`` ``[N, K]`` fp32 as column panels ``[P, K, W]`` of ``dtype`` (fp32, or bf16
-    where :func:`exact_in_bf16`), P = ceil(N / W), the columns past N zero."""
+    where :func:`exact_in_bf16`, else :class:`NotExactInBf16`: packing never rounds),
+    P = ceil(N / W), the columns past N zero."""
     if dtype not in PANEL_DTYPES:
         raise ValueError(f"panels hold {PANEL_DTYPES}, not {dtype}")
     if dtype != weight.dtype and not exact_in_bf16(weight):
-        raise ValueError("the weight has values that are not bf16 values: its panels stay fp32")
+        raise NotExactInBf16("the weight has values that are not bf16 values: its panels stay fp32")
     ext = ext or load()
     width = int(ext.panel_width())
     n, k = weight.shape

@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from benchmarks.bf16_checkpoint import save_bf16
-from tests.conftest import checkpoint_dir, prompt_token_lists
+from kernels import cpu_linear
+from tests.conftest import checkpoint_dir, hf_greedy, prompt_token_lists
 from worker.engine import LLMEngine, SamplingParams
 from worker.engine.models.cpu_linear import (
     PANELS_ENV,
     PackedLinear,
     PanelMatmul,
-    panel_dtype,
+    bf16_panels_wanted,
     panels_choice,
 )
 from worker.engine.models.native_stack import NativeDecodeStack
@@ -25,13 +26,16 @@ NEW_TOKENS = 16
 
 
 def test_the_panel_dtype_follows_the_weight_the_build_and_the_choice(monkeypatch) -> None:
+    assert bf16_panels_wanted("avx512")
+    assert not bf16_panels_wanted("avx2")  # the AVX2 build keeps fp32 by default
+    assert bf16_panels_wanted("avx2", "bf16")
+    assert not bf16_panels_wanted("avx512", "fp32")
+    ext = cpu_linear.load()
     exact = torch.randn(40, 24).bfloat16().float()
     inexact = exact + 2.0**-12  # values bf16 cannot hold
-    assert panel_dtype(exact, "avx512") == torch.bfloat16
-    assert panel_dtype(exact, "avx2") == torch.float32  # the AVX2 build keeps fp32 by default
-    assert panel_dtype(exact, "avx2", "bf16") == torch.bfloat16
-    assert panel_dtype(exact, "avx512", "fp32") == torch.float32
-    assert panel_dtype(inexact, "avx512") == panel_dtype(inexact, "avx2", "bf16") == torch.float32
+    assert PanelMatmul(exact, ext, try_bf16=True).panels.dtype == torch.bfloat16
+    assert PanelMatmul(exact, ext).panels.dtype == torch.float32
+    assert PanelMatmul(inexact, ext, try_bf16=True).panels.dtype == torch.float32
     assert panels_choice() == "auto"
     monkeypatch.setenv(PANELS_ENV, " BF16 ")
     assert panels_choice() == "bf16"
@@ -43,21 +47,6 @@ def test_the_panel_dtype_follows_the_weight_the_build_and_the_choice(monkeypatch
 def bf16_checkpoint(arch: str, where: Path) -> Path:
     """The tiny ``arch`` checkpoint saved in bf16, as most published checkpoints are."""
     return save_bf16(Path(checkpoint_dir(f"tiny-{arch}")), where)
-
-
-def hf_greedy_fp32(path: Path, prompts: list[list[int]]) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    outs = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                                 min_new_tokens=0, do_sample=False, eos_token_id=[],
-                                 pad_token_id=model.config.pad_token_id or 0)
-            outs.append(out[0, len(prompt):].tolist())
-    return outs
 
 
 def run(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
@@ -94,7 +83,7 @@ def test_a_bf16_checkpoint_in_fp32_reads_bf16_panels_and_gives_the_same_tokens(
         assert isinstance(engine.runner.model.native_stack, NativeDecodeStack)
     prompts = prompt_token_lists(engine.tokenizer, 4, seed=5, lo=9, hi=60)
     outputs = run(engine, prompts)
-    assert outputs == hf_greedy_fp32(path, prompts)
+    assert outputs == [hf_greedy(str(path), prompt, NEW_TOKENS) for prompt in prompts]  # HF in fp32
     monkeypatch.setenv(PANELS_ENV, "fp32")
     wide = LLMEngine(model=str(path), **args)
     assert panel_dtypes(wide) == {torch.float32}

@@ -25,6 +25,7 @@ invariance holds; tests check it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
@@ -81,15 +82,19 @@ class OneDnnMatmul:
 
 
 class PanelMatmul:
-    """An fp32 weight in the native kernel's column panels (``kernels.cpu_linear``), of
-    ``dtype`` (fp32, or bf16 for a weight exact in bf16: :func:`panel_dtype`); the outputs
-    are the same either way."""
+    """An fp32 weight in the native kernel's column panels (``kernels.cpu_linear``): bf16
+    panels when ``try_bf16`` and every value of the weight is a bf16 value (checked once,
+    by ``pack``), else fp32; the outputs are the same either way."""
 
-    def __init__(self, weight: torch.Tensor, ext, dtype: torch.dtype = torch.float32) -> None:  # [out, in]
+    def __init__(self, weight: torch.Tensor, ext, try_bf16: bool = False) -> None:  # [out, in]
         from kernels import cpu_linear
 
         self.ext, self.out_features = ext, weight.shape[0]
-        self.panels = cpu_linear.pack(weight, ext, dtype)  # [P, in, W]
+        panels = None
+        if try_bf16:
+            with contextlib.suppress(cpu_linear.NotExactInBf16):  # a value bf16 cannot hold: fp32
+                panels = cpu_linear.pack(weight, ext, torch.bfloat16)  # [P, in, W]
+        self.panels = cpu_linear.pack(weight, ext) if panels is None else panels  # [P, in, W]
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return self.ext.linear(x, self.panels, self.out_features, bias)
@@ -103,13 +108,10 @@ def panels_choice() -> str:
     return choice
 
 
-def panel_dtype(weight: torch.Tensor, isa: str, choice: str = "auto") -> torch.dtype:
-    """The panels' dtype for fp32 ``weight`` in the ``isa`` build: bf16 where every value
-    is a bf16 value and ``choice`` is bf16, or auto with the AVX-512 build; else fp32."""
-    from kernels import cpu_linear
-
-    wanted = choice == "bf16" or (choice == "auto" and isa == "avx512")
-    return torch.bfloat16 if wanted and cpu_linear.exact_in_bf16(weight) else torch.float32
+def bf16_panels_wanted(isa: str, choice: str = "auto") -> bool:
+    """Whether the ``isa`` build packs weights exact in bf16 into bf16 panels: with
+    ``choice`` bf16, or auto and the AVX-512 build."""
+    return choice == "bf16" or (choice == "auto" and isa == "avx512")
 
 
 class GroupedPanelMatmul:
@@ -140,7 +142,7 @@ def group_experts(experts: list[PackedMatmul]) -> GroupedPanelMatmul | None:
 def packer_for(dtype: torch.dtype) -> Packer | None:
     """How to pack a weight of ``dtype`` here: the native panels for fp32 (unless
     ``INFLIGHT_CPU_LINEAR=onednn``, or where the kernel cannot build), in bf16 where
-    :func:`panel_dtype` says so; oneDNN where it has a path for the dtype, else None
+    :func:`bf16_panels_wanted` and the weight allow; oneDNN where it has a path for the dtype, else None
     (``F.linear`` stays)."""
     choice = os.environ.get(LINEAR_ENV, "native").strip().lower()
     if choice not in ("native", "onednn"):
@@ -155,7 +157,8 @@ def packer_for(dtype: torch.dtype) -> Packer | None:
         except Exception:  # no compiler, no AVX2: oneDNN's packing still beats F.linear
             ext = None
         if ext is not None:
-            return lambda weight: PanelMatmul(weight, ext, panel_dtype(weight, isa, panels))
+            try_bf16 = bf16_panels_wanted(isa, panels)
+            return lambda weight: PanelMatmul(weight, ext, try_bf16)
     if onednn_available(dtype):
         return OneDnnMatmul
     return None
