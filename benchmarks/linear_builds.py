@@ -7,7 +7,9 @@ each other in paired rounds on SmolLM2-135M's 121 projections with the weights c
 
 Each ``--variant`` is a ``+``-joined list of ``NAME=VALUE`` macros of
 ``kernels/csrc/linear_cpu.cpp`` (``LINEAR_PF``, ``LINEAR_MR``, ``LINEAR_NV``, ``LINEAR_KC``,
-``LINEAR_MC_ROWS``), built beside the default build. Per row count and round, every build
+``LINEAR_MC_ROWS``, ``LINEAR_AHEAD_MIN_ROWS``), built beside the default build (the
+shipped one for this CPU: ``cpu_linear.chosen_build_flags``, which the variant's macros
+override). Per row count and round, every build
 runs all 30 layers and the head back to back (538 MB of weights) after a 1 GiB read that
 pushes them out of the caches, in the same order each round; the table gives each build's
 median and its ratio to the default's median. On a virtual machine whose read rate moves
@@ -38,7 +40,8 @@ def build_variant(variant: str, isa: str) -> ModuleType:
     """The kernel built for ``isa`` with the macros of ``variant`` ("default": as shipped)."""
     if variant == "default":
         return cpu_linear.load(isa)
-    flags = tuple(f"-D{macro}" for macro in variant.split("+"))
+    # the shipped build's flags for this CPU first, so the variant's macros override them
+    flags = cpu_linear.chosen_build_flags() + tuple(f"-D{macro}" for macro in variant.split("+"))
     name = "inflight_linear_variant_" + "".join(c if c.isalnum() else "_" for c in variant)
     return cpu_native.build(name, "linear_cpu.cpp", isa, flags)
 

@@ -16,7 +16,9 @@ DECODER_NAME = "inflight_decoder_cpu"
 
 def load(isa: str | None = None) -> ModuleType:
     """The build for ``isa`` (default: the widest this CPU runs, or ``INFLIGHT_CPU_ISA``),
-    compiled on the first call on a machine (``cpu_native.build`` keeps it per process)."""
-    from kernels import cpu_native
+    compiled on the first call on a machine (``cpu_native.build`` keeps it per process), with
+    the linear kernel's flags for this CPU (``cpu_linear.chosen_build_flags``)."""
+    from kernels import cpu_linear, cpu_native
 
-    return cpu_native.build(DECODER_NAME, "decoder_cpu.cpp", isa or cpu_native.default_isa())
+    isa = isa or cpu_native.default_isa()
+    return cpu_native.build(DECODER_NAME, "decoder_cpu.cpp", isa, cpu_linear.chosen_build_flags())

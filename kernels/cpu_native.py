@@ -138,6 +138,8 @@ def build(name: str, source: str, isa: str, extra_cflags: tuple[str, ...] = ()) 
     if shutil.which("ninja") is None:  # the pip `ninja` wheel puts it next to the interpreter
         os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     full_name = f"{name}_{isa}_{sources_digest()}"
+    if extra_cflags:  # a build with other macros is another build
+        full_name += "_" + hashlib.sha256("\0".join(extra_cflags).encode()).hexdigest()[:8]
     directory = build_directory(full_name)
     with exclusive_build(directory):
         return load(

@@ -104,8 +104,9 @@ using inflight_cpu::vf;
 // 1.07-1.17x at 2-4 on a Zen 2 (AVX2), 1.11-1.20x at 1 and 1.10x at 2 on a Zen 3 (AVX2),
 // and in the AVX-512 build on a Zen 5 1.05-1.29x at 1-2 rows, 1.01-1.11x at 4-8 (against a
 // build identical to it, 0.96-1.03x); from 9 rows the two read alike there, and from 16
-// rows the request won 8-14% on the Zen 2 and Zen 3 (docs/kernels.md). On the Intel Xeons
-// it was only compared with the 8 KB-ahead request, never with none.
+// rows the request won 8-14% on the Zen 2 and Zen 3 (docs/kernels.md). On an Intel Xeon
+// with AMX the same rule took 1.24-1.39x the time of asking in every call at 4-8 rows, so
+// kernels/cpu_linear.py builds Intel CPUs' kernel with 1 here (docs/kernels.md).
 #ifndef LINEAR_AHEAD_MIN_ROWS
 #define LINEAR_AHEAD_MIN_ROWS (LINEAR_MR + 1)
 #endif

@@ -170,3 +170,42 @@ def test_bf16_panels_only_for_weights_exact_in_bf16(ext) -> None:
         cpu_linear.pack(exact, ext, torch.float16)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         cpu_linear.linear(torch.randn(2, 64), cpu_linear.pack(exact, ext).half(), 3000, None, ext)
+
+
+@pytest.mark.parametrize(("choice", "vendor", "asks_in_one_tile"), [
+    ("auto", "GenuineIntel", True), ("auto", "AuthenticAMD", False), ("auto", "", False),
+    ("always", "AuthenticAMD", True), ("several-tiles", "GenuineIntel", False),
+])
+def test_build_flags_ask_for_the_next_block_in_one_tile_calls_on_intel(
+        choice: str, vendor: str, asks_in_one_tile: bool) -> None:
+    flags = cpu_linear.build_flags(choice, vendor)
+    assert ("-DLINEAR_AHEAD_MIN_ROWS=1" in flags) is asks_in_one_tile
+
+
+def test_ahead_choice_refuses_an_unknown_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cpu_linear.AHEAD_ENV, "sometimes")
+    with pytest.raises(ValueError, match="INFLIGHT_CPU_AHEAD='sometimes'"):
+        cpu_linear.ahead_choice()
+    monkeypatch.setenv(cpu_linear.AHEAD_ENV, " Always ")
+    assert cpu_linear.ahead_choice() == "always"
+
+
+def test_cpu_vendor_reads_cpuinfo(tmp_path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n")
+    assert cpu_linear.cpu_vendor(cpuinfo) == "AuthenticAMD"
+    assert cpu_linear.cpu_vendor(tmp_path / "missing") == ""
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 40])
+def test_asking_for_the_next_block_or_not_gives_the_same_outputs(rows: int) -> None:
+    if not ISAS:
+        pytest.fail("this CPU has neither AVX2 nor AVX-512: the native linear cannot run")
+    builds = [cpu_native.build(cpu_linear.LINEAR_NAME, "linear_cpu.cpp", ISAS[0],
+                               cpu_linear.build_flags(choice)) for choice in ("always", "several-tiles")]
+    assert builds[0].__file__ != builds[1].__file__  # two builds, not one cached twice
+    gen = torch.Generator().manual_seed(rows)
+    x, w, b = torch.randn(rows, 1000, generator=gen), torch.randn(300, 1000, generator=gen), torch.randn(300)
+    outputs = [cpu_linear.linear(x, cpu_linear.pack(w, ext), 300, b, ext) for ext in builds]
+    assert torch.equal(outputs[0], outputs[1])
+    torch.testing.assert_close(outputs[0], _reference(x, w, b), rtol=1e-5, atol=2e-3)
