@@ -38,8 +38,10 @@ class NotExactInBf16(ValueError):
     """A weight asked to be packed into bf16 panels holds a value bf16 cannot hold."""
 
 
+@functools.cache
 def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's vendor string (``GenuineIntel``, ``AuthenticAMD``), or "" where unknown."""
+    """The CPU's vendor string (``GenuineIntel``, ``AuthenticAMD``), or "" where unknown
+    (read once per process: :func:`load` asks on every call)."""
     try:
         text = cpuinfo.read_text()
     except OSError:
@@ -66,8 +68,9 @@ def build_flags(choice: str = "auto", vendor: str = "") -> tuple[str, ...]:
 
     ``auto`` asks on Intel and leaves it to the hardware prefetcher elsewhere. On an Intel
     Xeon with AMX (2 cores, all of SmolLM2's linears back to back, medians of paired
-    rounds), asking took 0.93x the time at 1 row, 0.74x at 4 and 0.68x at 8; on AMD EPYCs
-    (Zen 2, 3 and 5) it took 1.05-1.29x at 1-2 rows and 1.01-1.17x at 2-8 (docs/kernels.md).
+    rounds), asking took 0.93-1.04x the time at 1 row, 0.74-0.81x at 4 and 0.68-0.72x at 8;
+    on AMD EPYCs (Zen 2, 3 and 5) 1.05-1.29x at 1-2 rows and 1.01-1.17x at 4-8
+    (docs/kernels.md).
     Calls of several tiles ask on every CPU. The outputs are the same either way.
     """
     if choice == "auto":
