@@ -19,7 +19,6 @@ fp32 panels bit for bit while the weight is read from half the bytes.
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 from types import ModuleType
 
@@ -55,10 +54,9 @@ def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 def ahead_choice() -> str:
     """``INFLIGHT_CPU_AHEAD`` (default ``auto``), checked against :data:`AHEAD_CHOICES`."""
-    choice = os.environ.get(AHEAD_ENV, "").strip().lower() or "auto"
-    if choice not in AHEAD_CHOICES:
-        raise ValueError(f"{AHEAD_ENV}={choice!r}: expected one of {', '.join(AHEAD_CHOICES)}")
-    return choice
+    from kernels import cpu_native
+
+    return cpu_native.env_choice(AHEAD_ENV, AHEAD_CHOICES)
 
 
 def build_flags(choice: str = "auto", vendor: str = "") -> tuple[str, ...]:
@@ -70,8 +68,8 @@ def build_flags(choice: str = "auto", vendor: str = "") -> tuple[str, ...]:
     Xeon with AMX (2 cores, all of SmolLM2's linears back to back, medians of paired
     rounds), asking took 0.93-1.04x the time at 1 row, 0.74-0.81x at 4 and 0.68-0.72x at 8;
     on AMD EPYCs (Zen 2, 3 and 5) 1.05-1.29x at 1-2 rows and 1.01-1.17x at 4-8
-    (docs/kernels.md).
-    Calls of several tiles ask on every CPU. The outputs are the same either way.
+    (docs/kernels.md). Calls of several tiles ask on every CPU. The outputs are the same
+    either way.
     """
     if choice == "auto":
         choice = "always" if vendor == "GenuineIntel" else "several-tiles"

@@ -53,6 +53,15 @@ ISA_ENV = "INFLIGHT_CPU_ISA"
 logger = logging.getLogger(__name__)
 
 
+def env_choice(name: str, choices: tuple[str, ...]) -> str:
+    """The value of environment variable ``name`` (case and surrounding spaces ignored),
+    ``choices[0]`` when it is unset; a value outside ``choices`` raises ``ValueError``."""
+    choice = os.environ.get(name, choices[0]).strip().lower()
+    if choice not in choices:
+        raise ValueError(f"{name}={choice!r}: expected one of {', '.join(choices)}")
+    return choice
+
+
 def supported_isas() -> list[str]:
     """The kernel builds this CPU can run, widest first (torch's own CPU capability check)."""
     capability = torch.backends.cpu.get_cpu_capability().upper()

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_linear, cpu_native
+from kernels import cpu_decoder, cpu_linear, cpu_native
 
 ISAS = cpu_native.supported_isas()
 
@@ -209,3 +209,16 @@ def test_asking_for_the_next_block_or_not_gives_the_same_outputs(rows: int) -> N
     outputs = [cpu_linear.linear(x, cpu_linear.pack(w, ext), 300, b, ext) for ext in builds]
     assert torch.equal(outputs[0], outputs[1])
     torch.testing.assert_close(outputs[0], _reference(x, w, b), rtol=1e-5, atol=2e-3)
+
+
+@pytest.mark.parametrize("choice", ["always", "several-tiles"])
+def test_the_linear_and_the_decoder_stack_are_built_with_the_chosen_flags(monkeypatch, choice: str) -> None:
+    if not ISAS:
+        pytest.fail("this CPU has neither AVX2 nor AVX-512: the native linear cannot run")
+    monkeypatch.setenv(cpu_linear.AHEAD_ENV, choice)
+    flags = cpu_linear.build_flags(choice)
+    assert cpu_linear.load(ISAS[0]) is cpu_native.build(cpu_linear.LINEAR_NAME, "linear_cpu.cpp", ISAS[0], flags)
+    asked = []  # the decoder stack includes the linear kernel: it is built with the same flags
+    monkeypatch.setattr(cpu_native, "build", lambda *args: asked.append(args))
+    cpu_decoder.load(ISAS[0])
+    assert asked == [(cpu_decoder.DECODER_NAME, "decoder_cpu.cpp", ISAS[0], flags)]

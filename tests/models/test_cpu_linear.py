@@ -50,6 +50,10 @@ def test_fp32_gets_the_native_panels_and_bf16_onednn(monkeypatch) -> None:
     monkeypatch.setenv(LINEAR_ENV, "mkl")
     with pytest.raises(ValueError, match=LINEAR_ENV):
         packer_for(torch.float32)
+    monkeypatch.delenv(LINEAR_ENV)
+    monkeypatch.setenv("INFLIGHT_CPU_AHEAD", "sometimes")  # refused, not taken for a failed build
+    with pytest.raises(ValueError, match="INFLIGHT_CPU_AHEAD"):
+        packer_for(torch.float32)
 
 
 @pytest.mark.parametrize("name", PRIMITIVE_CACHE_ENVS)

@@ -38,6 +38,7 @@ from torch import nn
 PRIMITIVE_CACHE_ENVS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 PRIMITIVE_CACHE_CAPACITY = 16
 LINEAR_ENV = "INFLIGHT_CPU_LINEAR"  # "native" (default) or "onednn", for fp32 weights
+LINEAR_CHOICES = ("native", "onednn")
 # "auto" (default): bf16 panels for a weight exact in bf16 with the AVX-512 build; "bf16":
 # with any build; "fp32": never
 PANELS_ENV = "INFLIGHT_CPU_PANELS"
@@ -102,10 +103,9 @@ class PanelMatmul:
 
 def panels_choice() -> str:
     """``INFLIGHT_CPU_PANELS``: auto (the default), bf16 or fp32."""
-    choice = os.environ.get(PANELS_ENV, "auto").strip().lower()
-    if choice not in PANEL_CHOICES:
-        raise ValueError(f"{PANELS_ENV}={choice!r}: expected one of {', '.join(PANEL_CHOICES)}")
-    return choice
+    from kernels import cpu_native
+
+    return cpu_native.env_choice(PANELS_ENV, PANEL_CHOICES)
 
 
 def bf16_panels_wanted(isa: str, choice: str = "auto") -> bool:
@@ -144,14 +144,13 @@ def packer_for(dtype: torch.dtype) -> Packer | None:
     ``INFLIGHT_CPU_LINEAR=onednn``, or where the kernel cannot build), in bf16 where
     :func:`bf16_panels_wanted` and the weight allow; oneDNN where it has a path for the dtype, else None
     (``F.linear`` stays)."""
-    choice = os.environ.get(LINEAR_ENV, "native").strip().lower()
-    if choice not in ("native", "onednn"):
-        raise ValueError(f"{LINEAR_ENV}={choice!r}: expected native or onednn")
+    from kernels import cpu_linear, cpu_native
+
+    choice = cpu_native.env_choice(LINEAR_ENV, LINEAR_CHOICES)
     if dtype == torch.float32 and choice == "native":
         panels = panels_choice()
+        cpu_linear.ahead_choice()  # a bad INFLIGHT_CPU_AHEAD is refused, not taken for a failed build
         try:
-            from kernels import cpu_linear, cpu_native
-
             isa = cpu_native.default_isa()
             ext = cpu_linear.load(isa)
         except Exception:  # no compiler, no AVX2: oneDNN's packing still beats F.linear

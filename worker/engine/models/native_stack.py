@@ -16,7 +16,6 @@ are the same bit for bit (tests/models/test_native_stack.py).
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 from torch import nn
@@ -112,9 +111,9 @@ def _projections(layer: DecoderLayer) -> tuple[nn.Module, ...]:
 def build_native_stack(model: PackedCausalLM, kv_caches: KVCaches) -> NativeDecodeStack | None:
     """The native stack for ``model`` over ``kv_caches`` where it covers them and builds here,
     else None (the reason is logged at debug level)."""
-    choice = os.environ.get(STACK_ENV, "on").strip().lower()
-    if choice not in ("on", "off"):
-        raise ValueError(f"{STACK_ENV}={choice!r}: expected on or off")
+    from kernels import cpu_native
+
+    choice = cpu_native.env_choice(STACK_ENV, ("on", "off"))
     if choice == "off" or not model.native_ops:
         return None
     reason = unsupported(model, kv_caches)
