@@ -108,15 +108,26 @@ class DecoderStack {
     }
   }
 
-  // hidden [T, H]: the residual stream after the embedding, updated in place (T decode
-  // rows, one per sequence). cos/sin [T, D] of each row's position; slot_mapping [T];
-  // block_tables [T, max_blocks]; context_lens [T] (the query token included). Returns the
-  // last layer's MLP output [T, H], not yet added to hidden (the final norm adds it).
+  // Layers [begin, end) of a decode step. hidden [T, H]: the residual stream, updated in
+  // place (T decode rows, one per sequence); delta [T, H]: the MLP output of layer begin - 1,
+  // not yet added to hidden (an empty tensor when begin is 0). cos/sin [T, D] of each row's
+  // position; slot_mapping [T]; block_tables [T, max_blocks]; context_lens [T] (the query
+  // token included). Returns layer end - 1's MLP output [T, H], not yet added (the next
+  // call, or the final norm, adds it). A step run as one call or as several is the same,
+  // bit for bit.
   torch::Tensor run(torch::Tensor hidden, const torch::Tensor& cos, const torch::Tensor& sin,
                     const torch::Tensor& slot_mapping, const torch::Tensor& block_tables,
-                    const torch::Tensor& context_lens) const {
+                    const torch::Tensor& context_lens, const torch::Tensor& delta_in, int64_t begin,
+                    int64_t end) const {
     TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous() && hidden.scalar_type() == torch::kFloat32,
                 "decoder stack: hidden must be contiguous float32 [T, H]");
+    const auto num_layers = static_cast<int64_t>(layers_.size());
+    TORCH_CHECK(0 <= begin && begin < end && end <= num_layers, "decoder stack: layers [", begin, ", ",
+                end, ") are not a range of the ", num_layers, " layers");
+    TORCH_CHECK((delta_in.numel() == 0) == (begin == 0),
+                "decoder stack: the previous layer's output is given exactly when begin > 0");
+    TORCH_CHECK(delta_in.numel() == 0 || delta_in.sizes() == hidden.sizes(),
+                "decoder stack: the previous layer's output must be shaped like hidden");
     const int64_t tokens = hidden.size(0);
     const int64_t q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
     const auto cu_q = torch::arange(tokens + 1, torch::kInt64);  // [T + 1]: one query per sequence
@@ -125,8 +136,9 @@ class DecoderStack {
     const auto tables = block_tables.to(torch::kInt64).contiguous();
     const auto lens = context_lens.to(torch::kInt64).contiguous();
     const auto none = torch::empty({0}, hidden.options());
-    torch::Tensor delta = none;  // the last block's output, not yet added
-    for (const Layer& layer : layers_) {
+    torch::Tensor delta = begin == 0 ? none : delta_in.contiguous();  // the last block's output, not yet added
+    for (int64_t l = begin; l < end; ++l) {
+      const Layer& layer = layers_[l];
       const auto x = add_rms_norm(hidden, delta, layer.input_norm, eps_);  // hidden += delta
       auto qkv = layer.qkv(x);  // [T, q_size + 2 kv_size]
       if (layer.q_norm.defined()) {
@@ -156,13 +168,15 @@ class DecoderStack {
 };
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  py::class_<DecoderStack>(m, "DecoderStack")
+  // module_local: builds with other flags (another name) may be loaded in one process
+  py::class_<DecoderStack>(m, "DecoderStack", py::module_local())
       .def(py::init<const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,
                     const std::vector<int64_t>&, const std::vector<torch::Tensor>&,
                     const std::vector<torch::Tensor>&, const std::vector<int64_t>&,
                     const std::vector<bool>&, int64_t, int64_t, int64_t, double, double, double,
                     double>())
-      .def("run", &DecoderStack::run, "one decode step through every layer; returns the last MLP output",
+      .def("run", &DecoderStack::run,
+           "layers [begin, end) of one decode step; returns the last one's MLP output, not yet added",
            py::call_guard<py::gil_scoped_release>());
   m.def("panel_width", &panel_width, "output columns per packed panel (must match kernels/cpu_linear.py)");
 }

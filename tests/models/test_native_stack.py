@@ -62,17 +62,27 @@ def test_decode_steps_take_the_stack_and_equal_the_loop(arch: str) -> None:
         ((ids, meta),) = steps
         if meta.num_decode_seqs != ids.shape[0]:
             continue
+        pauses = 0
+
+        def pause() -> None:  # where the service would run an interjected step
+            nonlocal pauses
+            pauses += 1
+
         with torch.inference_mode():
             before = runs
             stacked = model(ids, meta, runner.kv_caches, runner.backend)
             assert runs == before + 1, "a decode step did not take the stack"
+            paused = model(ids, meta, runner.kv_caches, runner.backend, between_layers=pause)
+            assert runs == before + 2, "a step that may pause did not take the stack"
+            assert pauses == len(model.decoder_layers) - 1  # after every layer but the last
             model.native_stack = None
             looped = model(ids, meta, runner.kv_caches, runner.backend)
             model.native_stack = stack
         assert torch.equal(stacked, looped), f"{arch}: {ids.shape[0]} sequences"
+        assert torch.equal(paused, looped), f"{arch}: {ids.shape[0]} sequences, one layer per call"
         compared += 1
     assert compared >= 8  # batches of 3, 2 and 1 sequences
-    assert runs >= 2 * compared  # the engine's own decode steps took it too
+    assert runs >= 3 * compared  # the engine's own decode steps took it too
 
 
 def test_steps_with_prefill_tokens_stay_on_the_loop() -> None:

@@ -31,7 +31,7 @@ class DecodeStack(Protocol):
               kv_caches: list[tuple[torch.Tensor, torch.Tensor]], backend: AttentionBackend) -> bool: ...
 
     def run(self, hidden: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]],
-            meta: AttentionMetadata) -> torch.Tensor: ...
+            meta: AttentionMetadata, between_layers: Callable[[], None] | None = None) -> torch.Tensor: ...
 
 
 class PackedCausalLM(nn.Module):
@@ -72,8 +72,8 @@ class PackedCausalLM(nn.Module):
         between_layers: Callable[[], None] | None = None,
     ) -> torch.Tensor:  # [num_sampled, vocab_size]
         """Run all layers over the packed step and return logits of the requested rows.
-        ``between_layers`` is called after every layer but the last (the layer loop then
-        runs in Python, not in the native stack): it may run a whole other forward, of
+        ``between_layers`` is called after every layer but the last (by the Python loop, or
+        between the native stack's one-layer calls): it may run a whole other forward, of
         other sequences in other KV blocks, since nothing here is kept outside this call
         (``LLMEngine.interjected_step``)."""
         spec = self.spec
@@ -85,9 +85,8 @@ class PackedCausalLM(nn.Module):
                 for key, (cos, sin) in self.rope_tables.items()}  # key -> 2 x [num_tokens, R]
         delta: torch.Tensor | None = None  # the last block's output, not yet added
         stack = self.native_stack
-        if (between_layers is None and stack is not None and self.native_ops
-                and stack.takes(hidden.shape[0], meta, kv_caches, backend)):
-            delta = stack.run(hidden, rope, meta)  # the same kernels as the loop below
+        if stack is not None and self.native_ops and stack.takes(hidden.shape[0], meta, kv_caches, backend):
+            delta = stack.run(hidden, rope, meta, between_layers)  # the same kernels as the loop below
         else:
             last_layer = len(self.decoder_layers) - 1
             for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.decoder_layers, kv_caches, strict=True)):

@@ -7,7 +7,8 @@ table or none (SmolLM3's NoPE layers), no q/k norm or a per-head one (Qwen3), an
 windows, attention soft-cap, biases and residual scale (Granite): Llama, Qwen2, Qwen3,
 Mistral, Phi-3, Granite and SmolLM2/3 among the families of ``registry.py``. A step takes
 it when every token is a decode token and it is given the KV caches the stack was made
-over. The stack runs the same kernels in the same order as the Python loop, so the logits
+over; a step the service may pause between layers (``LLMEngine.step``'s ``between_layers``)
+takes it one layer per call. The stack runs the same kernels in the same order as the Python loop, so the logits
 are the same bit for bit (tests/models/test_native_stack.py).
 
 ``INFLIGHT_CPU_DECODE_STACK=off`` keeps every step on the Python loop (for comparisons).
@@ -16,6 +17,7 @@ are the same bit for bit (tests/models/test_native_stack.py).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -61,6 +63,7 @@ class NativeDecodeStack:
     def __init__(self, model: PackedCausalLM, kv_caches: KVCaches, ext) -> None:
         spec = model.spec
         self.kv_caches = kv_caches
+        self.num_layers = len(kv_caches)
         self.rope_key = next((key for key in spec.layer_rope if key is not None), None)
         norms, panels, widths, biases, caches = [], [], [], [], []
         none = torch.empty(0)
@@ -91,14 +94,25 @@ class NativeDecodeStack:
 
     def run(self, hidden: torch.Tensor,  # [T, H], the residual stream, updated in place
             rope: dict[str, tuple[torch.Tensor, torch.Tensor]],  # table -> cos, sin [T, D]
-            meta: AttentionMetadata) -> torch.Tensor:  # [T, H]
-        """Every layer over a decode step; returns the last MLP output, not yet added."""
+            meta: AttentionMetadata,
+            between_layers: Callable[[], None] | None = None) -> torch.Tensor:  # [T, H]
+        """Every layer over a decode step; returns the last MLP output, not yet added.
+        With ``between_layers`` (a long step the service may pause, ``LLMEngine.step``) the
+        layers run one native call each and it is called after every layer but the last,
+        as the Python loop calls it; the result is the same bit for bit."""
         if self.rope_key is None:  # no layer rotates: the kernel never reads them
             cos = sin = hidden.new_empty(0, 0)
         else:
             cos, sin = rope[self.rope_key]
-        return self.stack.run(hidden, cos, sin, meta.slot_mapping, meta.block_tables,
-                              meta.context_lens)
+        step = (hidden, cos, sin, meta.slot_mapping, meta.block_tables, meta.context_lens)
+        delta = hidden.new_empty(0)  # [0]: no layer's output yet
+        if between_layers is None:
+            return self.stack.run(*step, delta, 0, self.num_layers)
+        for layer in range(self.num_layers):
+            delta = self.stack.run(*step, delta, layer, layer + 1)  # [T, H]
+            if layer < self.num_layers - 1:
+                between_layers()
+        return delta
 
 
 def _projections(layer: DecoderLayer) -> tuple[nn.Module, ...]:
