@@ -36,14 +36,26 @@ from kernels import cpu_linear, cpu_native
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)] * 30 + [(576, 49152)]
 
 
+def variant_flags(variant: str) -> tuple[str, ...]:
+    """The compiler flags of a ``+``-joined list of ``NAME=VALUE`` macros."""
+    macros = variant.split("+")
+    if not all(macro.partition("=")[0].isidentifier() for macro in macros):
+        raise ValueError(f"{variant!r}: expected NAME=VALUE macros joined by '+'")
+    return tuple(f"-D{macro}" for macro in macros)
+
+
+def variant_build_name(kernel: str, variant: str) -> str:
+    """The name of ``kernel``'s build with ``variant``'s macros (a module name)."""
+    return f"inflight_{kernel}_variant_" + "".join(c if c.isalnum() else "_" for c in variant)
+
+
 def build_variant(variant: str, isa: str) -> ModuleType:
     """The kernel built for ``isa`` with the macros of ``variant`` ("default": as shipped)."""
     if variant == "default":
         return cpu_linear.load(isa)
     # the shipped build's flags for this CPU first, so the variant's macros override them
-    flags = cpu_linear.chosen_build_flags() + tuple(f"-D{macro}" for macro in variant.split("+"))
-    name = "inflight_linear_variant_" + "".join(c if c.isalnum() else "_" for c in variant)
-    return cpu_native.build(name, "linear_cpu.cpp", isa, flags)
+    flags = cpu_linear.chosen_build_flags() + variant_flags(variant)
+    return cpu_native.build(variant_build_name("linear", variant), "linear_cpu.cpp", isa, flags)
 
 
 def main() -> None:
