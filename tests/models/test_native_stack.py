@@ -85,6 +85,24 @@ def test_decode_steps_take_the_stack_and_equal_the_loop(arch: str) -> None:
     assert runs >= 3 * compared  # the engine's own decode steps took it too
 
 
+def test_a_layer_range_outside_the_stack_is_refused() -> None:
+    engine = engine_for("llama")
+    stack = engine.runner.model.native_stack
+    assert isinstance(stack, NativeDecodeStack)
+    n, hidden = stack.num_layers, torch.zeros(1, engine.runner.model.config.hidden_size)
+    empty = torch.empty(0)
+    step = (hidden, torch.zeros(1, 8), torch.zeros(1, 8), torch.zeros(1, dtype=torch.long),
+            torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="not a range"):
+        stack.stack.run(*step, empty, 0, n + 1)
+    with pytest.raises(RuntimeError, match="not a range"):
+        stack.stack.run(*step, empty, 1, 1)
+    with pytest.raises(RuntimeError, match="exactly when begin > 0"):
+        stack.stack.run(*step, empty, 1, 2)  # a later layer without the previous one's output
+    with pytest.raises(RuntimeError, match="shaped like hidden"):
+        stack.stack.run(*step, torch.zeros(2, hidden.shape[1]), 1, 2)
+
+
 def test_steps_with_prefill_tokens_stay_on_the_loop() -> None:
     engine = engine_for("llama")
     stack = engine.runner.model.native_stack

@@ -7,9 +7,10 @@ table or none (SmolLM3's NoPE layers), no q/k norm or a per-head one (Qwen3), an
 windows, attention soft-cap, biases and residual scale (Granite): Llama, Qwen2, Qwen3,
 Mistral, Phi-3, Granite and SmolLM2/3 among the families of ``registry.py``. A step takes
 it when every token is a decode token and it is given the KV caches the stack was made
-over; a step the service may pause between layers (``LLMEngine.step``'s ``between_layers``)
-takes it one layer per call. The stack runs the same kernels in the same order as the Python loop, so the logits
-are the same bit for bit (tests/models/test_native_stack.py).
+over; a step the service may pause between layers (``LLMEngine.step``'s
+``between_layers``) takes it one layer per call. The stack runs the same kernels in the
+same order as the Python loop, so the logits are the same bit for bit
+(tests/models/test_native_stack.py).
 
 ``INFLIGHT_CPU_DECODE_STACK=off`` keeps every step on the Python loop (for comparisons).
 """
