@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from benchmarks.linear_builds import variant_build_name, variant_flags
+from benchmarks.step_floor import prompt
 from cli.bench.machine import cpu_description
 from kernels import cpu_decoder, cpu_linear, cpu_native
 from worker.engine import EngineArgs, LLMEngine, SamplingParams
@@ -55,8 +56,7 @@ def alternate(engine: LLMEngine, stacks: dict[str, Any], batch: int, context: in
                             ignore_eos=True)
     ids = [f"stack-{batch}-{i}" for i in range(batch)]
     for i, request_id in enumerate(ids):
-        engine.add_request(request_id, [(j * 7 + (batch * 1000 + i) * 131 + 3) % (vocab - 3) + 3
-                                        for j in range(context)], params)
+        engine.add_request(request_id, prompt(context, batch * 1000 + i, vocab), params)
     while True:  # prefill everything first
         _, stats = engine.step()
         if stats.num_prefill_tokens == 0 and stats.num_waiting == 0:

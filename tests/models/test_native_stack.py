@@ -99,6 +99,8 @@ def test_a_layer_range_outside_the_stack_is_refused() -> None:
         stack.stack.run(*step, empty, 1, 1)
     with pytest.raises(RuntimeError, match="exactly when begin > 0"):
         stack.stack.run(*step, empty, 1, 2)  # a later layer without the previous one's output
+    with pytest.raises(RuntimeError, match="exactly when begin > 0"):
+        stack.stack.run(*step, torch.zeros_like(hidden), 0, 1)  # the first layer with one
     with pytest.raises(RuntimeError, match="shaped like hidden"):
         stack.stack.run(*step, torch.zeros(2, hidden.shape[1]), 1, 2)
 
