@@ -2,11 +2,12 @@
 embedding of q and k in place, and SiLU-and-multiply; and the sampler's per-row maximum
 and its index (torch's argmax over a batch of logits runs on one thread).
 
-Two implementations behind one interface: :data:`TORCH_OPS`, plain torch (the reference,
-every device and dtype), and the native CPU build of ``csrc/fused_cpu.cpp`` for fp32
-(:func:`native_ops`), which does each in one pass instead of five to twelve torch ops. At a
-decode step's row counts those ops cost more in dispatch than in arithmetic: 30 layers of
-SmolLM2 run about 1,200 of them per step. The native build rounds every product and sum as
+Three implementations behind one interface: :data:`TORCH_OPS`, plain torch (the reference,
+every device and dtype); the native CPU build of ``csrc/fused_cpu.cpp`` for fp32
+(:func:`native_ops`), which does each in one pass instead of five to twelve torch ops; and
+Triton kernels for CUDA tensors (``triton_fused.py``), one launch each. At a decode step's
+row counts those ops cost more in dispatch than in arithmetic: 30 layers of SmolLM2 run
+about 1,200 of them per step, and on a GPU each is a kernel launch. The native build rounds every product and sum as
 the torch ops do (no fused multiply-add); it differs only in the order of the norm's sum of
 squares and in its exp (a polynomial of about 1 ulp).
 """
@@ -14,6 +15,7 @@ squares and in its exp (a polynomial of about 1 ulp).
 from __future__ import annotations
 
 import functools
+import importlib.util
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -117,10 +119,25 @@ def _native_ops(isa: str) -> LayerOps:
 
 
 def ops_for(device: torch.device, dtype: torch.dtype, prefer_native: bool = True) -> LayerOps:
-    """Native ops for fp32 on the CPU when they build here, else the torch reference."""
+    """Native ops for fp32 on the CPU when they build here, the Triton kernels on CUDA when
+    triton is installed, else the torch reference."""
+    if prefer_native and device.type == "cuda":
+        return _cuda_ops()
     if prefer_native and device.type == "cpu" and dtype == torch.float32:
         try:
             return native_ops()
         except Exception:  # no compiler, no AVX2: slower but the same results
             return TORCH_OPS
     return TORCH_OPS
+
+
+@functools.cache
+def _cuda_ops() -> LayerOps:
+    """The Triton kernels (``triton_fused.py``), or the torch reference without triton."""
+    if importlib.util.find_spec("triton") is None:
+        return TORCH_OPS
+    from kernels import triton_fused
+
+    return LayerOps(name="triton", add_rms_norm=triton_fused.add_rms_norm,
+                    rope_qk_=triton_fused.rope_qk_, silu_mul=triton_fused.silu_mul,
+                    max_per_row=torch_max_per_row)

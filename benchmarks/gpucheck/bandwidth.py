@@ -9,7 +9,8 @@ bytes of weights / measured copy bandwidth.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -52,20 +53,66 @@ def decode_attention_bandwidth(backend: AttentionBackend, *, batch: int, context
             "gb_per_s": kv_bytes / ms / 1e6}
 
 
-def _decode_forward(runner: Any, step: DecodeStep) -> tuple[Callable[[], torch.Tensor], bool]:
-    """The engine's forward for ``step``: its decode graphs when they fit, else eager."""
-    graphs = runner.decode_graphs
+def _decode_forward(runner: Any, step: DecodeStep, graphs: Any = None
+                    ) -> tuple[Callable[[], torch.Tensor], bool]:
+    """The engine's forward for ``step``: ``graphs`` (default: the engine's decode graphs)
+    when they fit, else eager."""
+    graphs = graphs if graphs is not None else runner.decode_graphs
     if graphs is not None and graphs.fits(step.meta.num_seqs, step.meta.block_tables.shape[1]):
         return (lambda: graphs.run(step.input_ids, step.meta)), True
     return (lambda: runner.model(step.input_ids, step.meta, runner.kv_caches,
                                  runner.backend)), False
 
 
+@contextmanager
+def torch_layer_ops(engine: Any) -> Iterator[Any]:
+    """The engine's model with its element-wise ops as the torch reference ops (several
+    kernels each) instead of the device's fused ones, and decode graphs captured so: the
+    other side of an A/B of those ops in one run. The model is given its ops back after."""
+    from worker.engine.decode_graphs import DecodeGraphs
+
+    runner = engine.runner
+    model = runner.model
+    saved = model.native_ops
+    model.native_ops = False
+    try:
+        graphs = runner.decode_graphs
+        if graphs is not None:
+            graphs = DecodeGraphs(model=model, kv_caches=runner.kv_caches, backend=runner.backend,
+                                  device=runner.device, max_batch=graphs.ladder[-1],
+                                  max_blocks_per_seq=graphs.block_tables.shape[1])
+            graphs.capture()
+        yield graphs
+    finally:
+        model.native_ops = saved
+
+
+def kernels_per_call(forward: Callable[[], Any], device: torch.device, calls: int = 5
+                     ) -> dict[str, float] | None:
+    """GPU kernels one call of ``forward`` launches and their summed time (torch.profiler;
+    a graph replay's kernels count one by one); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    forward()
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            forward()
+        torch.cuda.synchronize(device)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy_us = sum(e.device_time for e in kernels)
+    return {"kernels": len(kernels) / calls, "kernel_ms": busy_us / calls / 1e3}
+
+
 @torch.inference_mode()
 def decode_step_times(engine: Any, batches: list[int], *, context: int, iters: int,
-                      copy_gbs: float, flush: torch.Tensor | None) -> list[dict[str, Any]]:
-    """The engine's forward for a decode step of each batch size (through its decode graphs
-    when they fit) against the weight-streaming bound."""
+                      copy_gbs: float, flush: torch.Tensor | None, graphs: Any = None
+                      ) -> list[dict[str, Any]]:
+    """The engine's forward for a decode step of each batch size (through ``graphs``,
+    default the engine's decode graphs, when they fit) against the weight-streaming bound,
+    with the kernels each step launches and their summed time where a profile could be read."""
     runner = engine.runner
     model = runner.model
     bound_ms = weight_bytes(model) / copy_gbs / 1e6
@@ -75,9 +122,15 @@ def decode_step_times(engine: Any, batches: list[int], *, context: int, iters: i
                                   block_size=runner.block_size, max_context=context,
                                   vocab_size=model.config.vocab_size, device=runner.device,
                                   seed=batch)
-        forward, graphed = _decode_forward(runner, step)
+        forward, graphed = _decode_forward(runner, step, graphs)
         ms = time_ms(forward, runner.device, iters=iters, flush=flush)
-        rows.append({"batch": batch, "mean_context": float(step.meta.context_lens.float().mean()),
-                     "step_ms": ms, "weight_bound_ms": bound_ms, "over_bound": ms / bound_ms,
-                     "graphs": graphed})
+        row: dict[str, Any] = {
+            "batch": batch, "mean_context": float(step.meta.context_lens.float().mean()),
+            "step_ms": ms, "weight_bound_ms": bound_ms, "over_bound": ms / bound_ms,
+            "graphs": graphed}
+        try:
+            row["profile"] = kernels_per_call(forward, runner.device)
+        except Exception as exc:  # a profiler that cannot read the device: say so, keep the times
+            row["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
+        rows.append(row)
     return rows

@@ -30,6 +30,7 @@ from benchmarks.gpucheck.pytest_runs import (
 from benchmarks.gpucheck.report import Recorder
 from benchmarks.gpucheck.workspace import Workspace
 from cli.bench.workload import BenchRequest
+from kernels.cpu_fused import ops_for
 
 NO_CUDA = "no CUDA device here"
 
@@ -66,12 +67,14 @@ def _can_run_pytest_on_cuda(rec: Recorder, ws: Workspace, name: str, off_cuda: s
 
 
 def kernel_tests(rec: Recorder, ws: Workspace) -> None:
-    """tests/kernels/test_triton.py compiled on CUDA (same grids as under the interpreter)."""
+    """tests/kernels/test_triton.py and test_triton_fused.py compiled on CUDA (same grids as
+    under the interpreter)."""
     name = "Triton kernel tests on CUDA"
     if not _can_run_pytest_on_cuda(rec, ws, name, "the test suite runs them under the "
                                                   "Triton interpreter"):
         return
-    result = run_pytest(["tests/kernels/test_triton.py"], extra_args=parallel_args(),
+    result = run_pytest(["tests/kernels/test_triton.py", "tests/kernels/test_triton_fused.py"],
+                        extra_args=parallel_args(),
                         timeout_s=ws.plan.kernel_tests_timeout_s,
                         env={"INFLIGHT_TRITON_TEST_DEVICE": "cuda", "TRITON_INTERPRET": None})
     _record_pytest(rec, name, result)
@@ -211,9 +214,14 @@ def bandwidth_figures(rec: Recorder, ws: Workspace) -> None:
         row["fraction_of_copy"] = row["gb_per_s"] / copy
     steps = bandwidth.decode_step_times(engine, plan.step_batches, context=plan.step_context,
                                         iters=plan.timing_iters, copy_gbs=copy, flush=flush)
+    with bandwidth.torch_layer_ops(engine) as torch_graphs:  # the A/B of the fused ops
+        torch_steps = bandwidth.decode_step_times(
+            engine, plan.step_batches, context=plan.step_context, iters=plan.timing_iters,
+            copy_gbs=copy, flush=flush, graphs=torch_graphs)
     rec.check("decode steps timed at every batch size",
-              all(r["step_ms"] > 0 for r in steps), "a step took no time")
-    rec.figures.update(decode_attention=attention, decode_steps=steps)
+              all(r["step_ms"] > 0 for r in steps + torch_steps), "a step took no time")
+    rec.figures.update(decode_attention=attention, decode_steps=steps,
+                       decode_steps_torch_ops=torch_steps)
     rec.figures["goals"] = {
         "decode attention / copy bandwidth": max(r["fraction_of_copy"] for r in attention),
         "batch-1 decode step / weight-streaming bound (at most)": steps[0]["over_bound"]}
@@ -222,10 +230,20 @@ def bandwidth_figures(rec: Recorder, ws: Workspace) -> None:
               ["batch", "context", "ms", "GB/s", "of copy"],
               [[r["batch"], r["context"], r["ms"], r["gb_per_s"], r["fraction_of_copy"]]
                for r in attention])
-    rec.table(f"Decode step, {plan.big_arch} {_dtype_name(engine.dtype)}",
-              ["batch", "mean context", "step ms", "weight bound ms", "step / bound", "graphs"],
+    ops = ops_for(device, engine.dtype).name
+    rec.table(f"Decode step, {plan.big_arch} {_dtype_name(engine.dtype)}: element-wise ops "
+              f"{ops} against torch's (the same steps, graphs captured each way)",
+              ["batch", "mean context", "step ms", "weight bound ms", "step / bound", "graphs",
+               "kernels", "kernel ms", "torch ops: step ms", "kernels", "step / torch ops"],
               [[r["batch"], r["mean_context"], r["step_ms"], r["weight_bound_ms"],
-                r["over_bound"], r["graphs"]] for r in steps])
+                r["over_bound"], r["graphs"], *_profiled(r), t["step_ms"], _profiled(t)[0],
+                r["step_ms"] / t["step_ms"]] for r, t in zip(steps, torch_steps, strict=True)])
+
+
+def _profiled(row: dict[str, Any]) -> list[Any]:
+    """Kernels per step and their summed ms from a step row's profile ("-" where none)."""
+    prof = row.get("profile") or {}
+    return [prof.get("kernels", "-"), prof.get("kernel_ms", "-")]
 
 
 def throughput_runs(rec: Recorder, ws: Workspace) -> None:
