@@ -131,10 +131,17 @@ def ops_for(device: torch.device, dtype: torch.dtype, prefer_native: bool = True
     return TORCH_OPS
 
 
+CUDA_FUSED_ENV = "INFLIGHT_CUDA_FUSED_OPS"  # "on" (default) or "off": the torch ops on CUDA
+
+
 @functools.cache
 def _cuda_ops() -> LayerOps:
-    """The Triton kernels (``triton_fused.py``), or the torch reference without triton."""
-    if importlib.util.find_spec("triton") is None:
+    """The Triton kernels (``triton_fused.py``), or the torch reference without triton or
+    with ``INFLIGHT_CUDA_FUSED_OPS=off`` (read once per process)."""
+    from kernels import cpu_native
+
+    off = cpu_native.env_choice(CUDA_FUSED_ENV, ("on", "off")) == "off"
+    if off or importlib.util.find_spec("triton") is None:
         return TORCH_OPS
     from kernels import triton_fused
 

@@ -12,6 +12,7 @@ masked lane or a wrong stride shows.
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -128,12 +129,21 @@ def check_bad_arguments() -> None:
 
 
 def check_cuda_ops_are_the_triton_kernels() -> None:
-    """``ops_for`` gives a CUDA tensor these kernels (here triton is installed)."""
+    """``ops_for`` gives a CUDA tensor these kernels (here triton is installed), and the
+    torch ops with INFLIGHT_CUDA_FUSED_OPS=off."""
     from kernels import cpu_fused, triton_fused
 
     ops = cpu_fused.ops_for(torch.device("cuda"), torch.bfloat16)
     assert ops.name == "triton" and ops.add_rms_norm is triton_fused.add_rms_norm
     assert cpu_fused.ops_for(torch.device("cuda"), torch.bfloat16, prefer_native=False) is TORCH_OPS
+    os.environ[cpu_fused.CUDA_FUSED_ENV] = "off"  # the operator's way back to the torch ops
+    cpu_fused._cuda_ops.cache_clear()
+    try:
+        assert cpu_fused.ops_for(torch.device("cuda"), torch.bfloat16) is TORCH_OPS
+    finally:
+        del os.environ[cpu_fused.CUDA_FUSED_ENV]
+        cpu_fused._cuda_ops.cache_clear()
+    assert cpu_fused.ops_for(torch.device("cuda"), torch.bfloat16).name == "triton"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
