@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from benchmarks.gpucheck.graphs import TOLERANCE, compare_replay_with_eager, randomize_kv
+from kernels.cpu_fused import ops_for
 from tests.conftest import hf_greedy, prompt_token_lists
 from worker.engine import LLM, SamplingParams
 
@@ -27,6 +28,7 @@ def test_cuda_defaults_are_bf16_triton_and_captured_graphs() -> None:
     runner = llm.engine.runner
     assert llm.engine.device.type == "cuda" and llm.engine.dtype == torch.bfloat16
     assert runner.backend.name == "triton"
+    assert ops_for(llm.engine.device, llm.engine.dtype).name == "triton"  # fused element-wise ops
     assert runner.decode_graphs is not None
     assert sorted(runner.decode_graphs.graphs) == runner.decode_graphs.ladder == [1, 2, 4, 8]
     outputs = _tokens(llm, prompt_token_lists(llm.tokenizer, 5, seed=1))
@@ -51,6 +53,18 @@ def test_graph_replay_gives_the_eager_tokens(monkeypatch: pytest.MonkeyPatch) ->
     prompts = prompt_token_lists(eager.tokenizer, 11, seed=4)  # 11: padded to 16
     assert _tokens(graphed, prompts) == _tokens(eager, prompts)
     assert replayed and max(replayed) == 11
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe"])
+def test_fused_element_wise_ops_give_the_torch_ops_tokens(model: str) -> None:
+    """fp32 greedy tokens with the Triton element-wise ops (the CUDA default) equal those of
+    the torch ops (``native_ops`` off), prefill chunks and decode steps alike."""
+    llm = LLM(model, device="cuda", dtype="float32", num_kv_blocks=256, max_num_seqs=8,
+              max_num_batched_tokens=32, decode_graphs=False)
+    prompts = prompt_token_lists(llm.tokenizer, 6, seed=7)
+    fused = _tokens(llm, prompts)
+    llm.engine.runner.model.native_ops = False
+    assert _tokens(llm, prompts) == fused
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

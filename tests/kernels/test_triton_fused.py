@@ -146,6 +146,63 @@ def check_cuda_ops_are_the_triton_kernels() -> None:
     assert cpu_fused.ops_for(torch.device("cuda"), torch.bfloat16).name == "triton"
 
 
+def decode_run(arch: str, ops_name: str) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Greedy tokens of three prompts of ``tiny-<arch>`` on the CPU in fp32, and every
+    step's logits, each step through the decoder's layer loop with the torch ops or the
+    Triton kernels (what a CUDA tensor gets), chunked prefill and decode steps alike."""
+    from kernels import cpu_fused
+    from worker.engine import LLMEngine, SamplingParams
+    from worker.engine.models import decoder
+
+    ops = cpu_fused._cuda_ops() if ops_name == "triton" else TORCH_OPS
+    assert ops.name == ops_name
+    engine = LLMEngine(model=f"tiny-{arch}", num_kv_blocks=32, max_num_seqs=4,
+                       max_num_batched_tokens=16)
+    model = engine.runner.model
+    model.native_stack = None  # the layer loop, where the ops are called
+    logits: list[torch.Tensor] = []
+    forward = model.forward
+
+    def recorded(*args, **kwargs):
+        logits.append(forward(*args, **kwargs))
+        return logits[-1]
+
+    model.forward = recorded
+    saved = decoder.ops_for
+    decoder.ops_for = lambda device, dtype, prefer_native=True: ops  # type: ignore[assignment]
+    try:
+        words = "the engine schedules one token per running sequence while new requests wait"
+        for i, n in enumerate((3, 7, 12)):
+            prompt = engine.tokenize(" ".join(words.split()[:n]))
+            engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
+        tokens: dict[str, list[int]] = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step()[0]:
+                tokens[out.request_id] = out.token_ids
+    finally:
+        decoder.ops_for = saved
+    return [tokens[f"r{i}"] for i in range(3)], logits
+
+
+def check_tiny_family_with_triton_ops(arch: str) -> None:
+    """The Triton ops inside the whole decoder (q/k norms, sandwich and post norms, GeGLU,
+    experts) give the torch ops' logits within fp32 rounding at every step, and their
+    greedy tokens."""
+    tokens, logits = decode_run(arch, "triton")
+    want_tokens, want_logits = decode_run(arch, "torch")
+    assert tokens == want_tokens
+    assert len(logits) == len(want_logits) > 5
+    for got, want in zip(logits, want_logits, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "olmo2", "qwen3moe", "phi4mini"])
+def test_tiny_families_decode_alike_with_the_triton_ops(run: Run, arch: str) -> None:
+    if os.environ.get("INFLIGHT_TRITON_TEST_DEVICE") == "cuda":
+        pytest.skip("a CPU model: the engine's own CUDA runs are tests/engine/test_gpu_engine.py")
+    run(check_tiny_family_with_triton_ops, arch)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("num_rows", "width", "pad"), [(1, 576, 0), (3, 96, 5), (17, 64, 0), (2, 2048, 8)])
 def test_add_rms_norm(run: Run, dtype: torch.dtype, num_rows: int, width: int, pad: int) -> None:
