@@ -247,7 +247,8 @@ def _profiled(row: dict[str, Any]) -> list[Any]:
 
 
 def throughput_runs(rec: Recorder, ws: Workspace) -> None:
-    """The engine (continuous with/without graphs, padded static) against HF, in turn."""
+    """The engine (continuous with graphs, again with the torch element-wise ops, without
+    graphs; padded static) against HF, in turn."""
     from cli.bench.engine_run import warm_up
     from worker.engine.config import POLICIES
 
@@ -261,6 +262,9 @@ def throughput_runs(rec: Recorder, ws: Workspace) -> None:
         "engine continuous, graphs": functools.partial(
             throughput.run_engine_config, engine, requests, name="cont-graphs",
             slots=plan.slots, policy="fcfs", graphs=True),
+        "engine continuous, graphs, torch element-wise ops": functools.partial(
+            throughput.run_engine_config, engine, requests, name="cont-graphs-torch-ops",
+            slots=plan.slots, policy="fcfs", graphs=True, torch_ops=True),
         "engine continuous, no graphs": functools.partial(
             throughput.run_engine_config, engine, requests, name="cont-eager",
             slots=plan.slots, policy="fcfs", graphs=False),

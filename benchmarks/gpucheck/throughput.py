@@ -76,17 +76,41 @@ def decode_graphs_disabled(engine: Any) -> Iterator[None]:
         engine.runner.decode_graphs = graphs
 
 
+@contextlib.contextmanager
+def torch_ops_installed(engine: Any) -> Iterator[None]:
+    """The engine's steps run with the torch element-wise ops inside the block, through
+    decode graphs captured so (``bandwidth.torch_layer_ops``) in place of its own."""
+    from benchmarks.gpucheck.bandwidth import torch_layer_ops
+
+    runner = engine.runner
+    own = runner.decode_graphs
+    with torch_layer_ops(engine) as graphs:
+        runner.decode_graphs = graphs
+        try:
+            yield
+        finally:
+            runner.decode_graphs = own
+
+
 def run_engine_config(engine: Any, requests: Sequence[BenchRequest], *, name: str, slots: int,
-                      policy: str, graphs: bool) -> dict[str, Any]:
-    """One engine run through cli.bench's runner; per-step lists dropped."""
+                      policy: str, graphs: bool, torch_ops: bool = False) -> dict[str, Any]:
+    """One engine run through cli.bench's runner; per-step lists dropped. ``torch_ops``:
+    with the torch element-wise ops instead of the device's fused ones (with graphs only)."""
     from cli.bench.engine_run import run_engine
 
-    context = contextlib.nullcontext() if graphs else decode_graphs_disabled(engine)
+    if torch_ops and not graphs:
+        raise ValueError("torch_ops is compared with graphs only")
+    context: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if not graphs:
+        context = decode_graphs_disabled(engine)
+    elif torch_ops:
+        context = torch_ops_installed(engine)
     with context:
         result = run_engine(engine, requests, name=name, max_num_seqs=slots, policy=policy)
+        result["decode_graphs"] = graphs and engine.runner.decode_graphs is not None
     for key in DROPPED_KEYS:
         result.pop(key, None)
-    result["decode_graphs"] = graphs and engine.runner.decode_graphs is not None
+    result["element_wise_ops"] = "torch" if torch_ops else "fused"
     return result
 
 
