@@ -64,13 +64,17 @@ def test_quick_cpu_run_skips_device_specific_parts_with_a_reason(
                       for d in ("bfloat16", "float32")]
     runs = sections["throughput"]["figures"]["runs"]
     assert set(runs) == {"engine continuous, graphs", "engine continuous, no graphs",
+                         "engine continuous, graphs, torch element-wise ops",
                          "engine static-padded", "HF static generate",
                          "HF continuous batching"}  # the engine's own padded lockstep policy
     assert all(r["useful_tokens_per_s"] > 0 for r in runs.values())
     workload = sections["throughput"]["figures"]["workload"]
     assert all(r["useful_tokens"] == workload["useful_tokens"] for r in runs.values())
+    assert runs["engine continuous, graphs, torch element-wise ops"]["element_wise_ops"] == "torch"
     steps = sections["bandwidth"]["figures"]["decode_steps"]
     assert [r["batch"] for r in steps] == [1, 4, 8]
+    torch_steps = sections["bandwidth"]["figures"]["decode_steps_torch_ops"]  # the A/B's other side
+    assert [r["batch"] for r in torch_steps] == [1, 4, 8] and all(r["step_ms"] > 0 for r in torch_steps)
     assert all(g["met"] is None for g in data["goals"])  # CPU figures meet no GPU goal
 
 
