@@ -10,7 +10,9 @@ For each batch size B it admits B requests of ``--context`` prompt tokens, runs 
 prefill, then times ``--steps`` decode steps, twice: as the engine runs them (``step_ms``:
 the layers in one native call where the model takes it, ``worker/engine/models/native_stack.py``)
 and with every layer called from Python (``loop_step_ms``), whose split into parts is
-``split_ms`` (the native call has no parts to time). The split comes from timers wrapped around
+``split_ms`` (the native call has no parts to time: ``native_split_ms`` splits the
+engine's own step coarsely, into the native layers, the head, metadata, embedding,
+sampling and the host's remaining work). The split comes from timers wrapped around
 the engine's functions in this script only (the engine carries no instrumentation):
 scheduling and the step plan, the metadata tensors, the embedding, each kind of linear
 (all layers' q/k/v, o, gate/up, down, and the head), attention, the KV write, the rest of
@@ -207,6 +209,22 @@ def split_ms(totals: dict[str, float], step_ms: float, steps: int) -> dict[str, 
     return {k: round(v, 2) for k, v in out.items()}
 
 
+NATIVE_PARTS = ("host", "metadata", "embedding", "layers", "lm_head", "sampling")
+
+
+def native_split_ms(totals: dict[str, float], step_ms: float, steps: int) -> dict[str, float]:
+    """The engine's own step (the layers in one native call) in coarse parts, mean ms per
+    step: ``layers`` is the forward less its metadata, embedding and head (the native call
+    and the rotary gather, the final norm and the logits' cast around it); ``host`` is the
+    rest of the step outside the forward and the sampler (scheduling, stop checks, the
+    update, the output objects, the engine's Python between them)."""
+    ms = {k: v / steps * 1e3 for k, v in totals.items()}
+    out = {k: ms.get(k, 0.0) for k in ("metadata", "embedding", "lm_head", "sampling")}
+    out["layers"] = ms.get("run", 0.0) - out["metadata"] - out["embedding"] - out["lm_head"]
+    out["host"] = step_ms - ms.get("run", 0.0) - out["sampling"]
+    return {k: round(out[k], 2) for k in NATIVE_PARTS}
+
+
 def differenced_step_ms(engine: LLMEngine, batch: int, context: int) -> float:
     """ms per decode step from two whole generate runs of ``batch`` requests."""
     vocab = engine.runner.vocab_size
@@ -316,6 +334,7 @@ def main() -> None:
         differenced = differenced_step_ms(engine, n, args.context) if args.peer else None
         read = lambda: readings.append(read_bandwidth_gb_s())  # noqa: E731
         step_ms = time_steps(engine, n, args.context, args.steps, totals, before=read)
+        native_split = native_split_ms(totals, step_ms, args.steps)
         read()
         around = readings[-2:]  # just before and just after the timed steps
         model.native_stack = None  # every layer from Python, for the split
@@ -326,7 +345,7 @@ def main() -> None:
             "batch": n, "context": args.context, "step_ms": round(step_ms, 2),
             "loop_step_ms": round(loop_ms, 2), "tokens_per_s": round(n / step_ms * 1e3, 1),
             "matmul_ms": round(matmul_ms(engine, n), 2),
-            "split_ms": split,
+            "split_ms": split, "native_split_ms": native_split,
             "differenced_step_ms": None if differenced is None else round(differenced, 2),
             "vllm_step_ms": None if n not in peer else round(peer[n], 2),
             "read_gb_s_around": [round(r, 1) for r in around],

@@ -47,3 +47,19 @@ def test_timed_steps_run_every_sequence_and_the_split_adds_up() -> None:
         step_floor.matmul_ms(engine, batch, reps=1)  # after the split: its calls are not in it
         assert split["rest_of_forward"] >= 0.0
         assert not engine.has_unfinished_requests()  # aborted after the timed steps
+
+
+def test_the_native_steps_split_adds_up_to_the_step() -> None:
+    """The engine's own steps (the decode stack): the coarse parts sum to the step, none of
+    them negative, and the head is timed on its own."""
+    engine = LLMEngine(EngineArgs(model="tiny-llama", max_num_seqs=4, num_threads=1,
+                                  max_num_batched_tokens=256, num_kv_blocks=256))
+    totals: dict[str, float] = defaultdict(float)
+    step_floor.instrument(engine, totals)
+    assert engine.runner.model.native_stack is not None
+    step_ms = step_floor.time_steps(engine, 4, context=40, steps=4, totals=totals)
+    split = step_floor.native_split_ms(totals, step_ms, steps=4)
+    assert set(split) == set(step_floor.NATIVE_PARTS)
+    assert all(v >= 0.0 for v in split.values()), split
+    assert totals["lm_head"] > 0.0 and totals["run"] > totals["lm_head"]
+    assert abs(sum(split.values()) - step_ms) < 0.05  # each rounded to 0.01 ms
