@@ -26,10 +26,10 @@ from types import ModuleType
 from typing import Any
 
 from benchmarks.linear_builds import variant_build_name, variant_flags
-from benchmarks.step_floor import prompt
+from benchmarks.step_floor import admit_and_prefill
 from cli.bench.machine import cpu_description
 from kernels import cpu_decoder, cpu_linear, cpu_native
-from worker.engine import EngineArgs, LLMEngine, SamplingParams
+from worker.engine import EngineArgs, LLMEngine
 from worker.engine.models.native_stack import NativeDecodeStack
 
 
@@ -50,17 +50,9 @@ def alternate(engine: LLMEngine, stacks: dict[str, Any], batch: int, context: in
     native = model.native_stack
     if not isinstance(native, NativeDecodeStack):
         raise RuntimeError("this model and engine take no native decode stack")
-    vocab = engine.runner.vocab_size
     # the prompts' prefill may let the first sequences decode a few tokens early
-    params = SamplingParams(temperature=0.0, max_tokens=(steps + 1) * rounds * len(stacks) + 64,
-                            ignore_eos=True)
-    ids = [f"stack-{batch}-{i}" for i in range(batch)]
-    for i, request_id in enumerate(ids):
-        engine.add_request(request_id, prompt(context, batch * 1000 + i, vocab), params)
-    while True:  # prefill everything first
-        _, stats = engine.step()
-        if stats.num_prefill_tokens == 0 and stats.num_waiting == 0:
-            break
+    ids = admit_and_prefill(engine, batch, context, id_prefix="stack-",
+                            max_tokens=(steps + 1) * rounds * len(stacks) + 64)
     times: dict[str, list[float]] = {name: [] for name in stacks}
     for _ in range(rounds):
         for name, stack in stacks.items():

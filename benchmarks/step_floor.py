@@ -159,6 +159,21 @@ def prompt(context: int, salt: int, vocab: int) -> list[int]:
     return [(j * 7 + salt * 131 + 3) % (vocab - 3) + 3 for j in range(context)]
 
 
+def admit_and_prefill(engine: LLMEngine, batch: int, context: int, *, max_tokens: int,
+                      id_prefix: str = "") -> list[str]:
+    """Add ``batch`` greedy requests of ``context`` prompt tokens (distinct prompts, no
+    prefix-cache hits) and step until all are prefilled; returns their request ids."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    vocab = engine.runner.vocab_size
+    ids = [f"{id_prefix}{batch}-{i}" for i in range(batch)]
+    for i, request_id in enumerate(ids):
+        engine.add_request(request_id, prompt(context, batch * 1000 + i, vocab), params)
+    while True:  # prefill everything first
+        _, stats = engine.step()
+        if stats.num_prefill_tokens == 0 and stats.num_waiting == 0:
+            return ids
+
+
 def time_steps(engine: LLMEngine, batch: int, context: int, steps: int,
                totals: dict[str, float], before: Callable[[], Any] | None = None) -> float:
     """Mean ms of ``steps`` decode steps of ``batch`` sequences (split into ``totals``).
@@ -170,15 +185,7 @@ def time_steps(engine: LLMEngine, batch: int, context: int, steps: int,
     timed steps."""
     budget = engine.scheduler.max_num_batched_tokens
     prefill_steps = -(-batch * context // budget) + 1
-    params = SamplingParams(temperature=0.0, max_tokens=steps + prefill_steps + 4, ignore_eos=True)
-    vocab = engine.runner.vocab_size
-    ids = [f"{batch}-{i}" for i in range(batch)]
-    for i, request_id in enumerate(ids):
-        engine.add_request(request_id, prompt(context, batch * 1000 + i, vocab), params)
-    while True:  # prefill everything first
-        _, stats = engine.step()
-        if stats.num_prefill_tokens == 0 and stats.num_waiting == 0:
-            break
+    ids = admit_and_prefill(engine, batch, context, max_tokens=steps + prefill_steps + 4)
     if before is not None:
         before()
     totals.clear()
