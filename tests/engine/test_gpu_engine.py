@@ -16,7 +16,8 @@ from worker.engine import LLM, SamplingParams
 
 pytestmark = pytest.mark.gpu
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+MAX_TOKENS = 16
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
 def _tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
@@ -32,7 +33,7 @@ def test_cuda_defaults_are_bf16_triton_and_captured_graphs() -> None:
     assert runner.decode_graphs is not None
     assert sorted(runner.decode_graphs.graphs) == runner.decode_graphs.ladder == [1, 2, 4, 8]
     outputs = _tokens(llm, prompt_token_lists(llm.tokenizer, 5, seed=1))
-    assert all(len(tokens) == GREEDY.max_tokens for tokens in outputs)
+    assert all(len(tokens) == MAX_TOKENS for tokens in outputs)
 
 
 def test_graph_replay_gives_the_eager_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,7 +91,7 @@ def test_fp32_greedy_on_cuda_equals_hf_generate(model: str) -> None:
     llm = LLM(model, device="cuda", dtype="float32", num_kv_blocks=256, max_num_seqs=8)
     prompts = prompt_token_lists(llm.tokenizer, 6, seed=2)
     ours = _tokens(llm, prompts)
-    assert ours == [hf_greedy(model, p, GREEDY.max_tokens) for p in prompts]
+    assert ours == [hf_greedy(model, p, MAX_TOKENS) for p in prompts]
 
 
 def test_swap_preemption_through_pinned_host_memory_loses_nothing() -> None:
