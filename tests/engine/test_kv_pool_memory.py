@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import torch
 
 from cli.bench.machine import current_rss_bytes
@@ -26,6 +28,39 @@ def test_cpu_pool_is_zeroed_and_committed_as_written() -> None:
     layer = pool[1]  # a view keeps the mapping alive after the pool's name is gone
     del pool
     assert float(layer[0].sum()) == 16 * 4 * 64
+
+
+def _mapping_of(address: int) -> list[str]:
+    """The /proc/self/smaps entry (header line first) of the mapping holding ``address``."""
+    entry: list[str] = []
+    found = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):  # a mapping's first line: start-end perms ...
+            if found:
+                break
+            start, end = (int(x, 16) for x in head.split("-"))
+            found = start <= address < end
+            entry = [line]
+        elif found:
+            entry.append(line)
+    assert found, f"no mapping holds {address:#x}"
+    return entry
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc/self/smaps")
+def test_the_lazy_pool_is_private_and_asks_for_huge_pages() -> None:
+    """Private: not shared memory, which a forked child would write into and which takes no
+    huge pages; and marked for transparent huge pages where the kernel offers them."""
+    pool = kv_pool_tensor((2, 256, 16, 4, 64), torch.float32, torch.device("cpu"))  # 16 MiB
+    entry = _mapping_of(pool.data_ptr())
+    perms = entry[0].split()[1]
+    assert perms.endswith("p"), entry[0]  # rw-p, not rw-s
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp.exists() and "[never]" not in thp.read_text():
+        assert "hg" in next(line for line in entry if line.startswith("VmFlags:")).split(), entry
+    pool.fill_(1.0)  # still an ordinary tensor after the advice
+    assert float(pool.sum()) == pool.numel()
 
 
 def test_a_committed_cpu_pool_holds_its_memory_from_the_start() -> None:
