@@ -49,9 +49,10 @@ def kv_pool_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
     THP mode is ``madvise`` or ``always``): decode attention reads blocks scattered over the
     pool, and with 4 KB pages every 12 KB block costs page walks whose tables the step's
     weight stream has evicted. 30 layers of SmolLM2's decode attention over randomly placed
-    blocks took 0.97x and 0.94x the time at 8 sequences and 0.94x and 0.90x at 64 (docs/
-    kernels.md). The pool then commits memory 2 MB at a time per layer's K or V, so it may
-    hold up to 2 MB more per layer and cache than its written blocks."""
+    blocks took 0.93x and 0.91x the time of a shared map at 8 sequences and 0.96x and 0.97x
+    at 64 (``benchmarks/kv_pool_pages.py``, docs/kernels.md). The pool then commits memory
+    2 MB at a time per layer's K or V, so it may hold up to 2 MB more per layer and cache
+    than its written blocks."""
     if committed:
         return torch.zeros(shape, dtype=dtype, device=device)
     if device.type != "cpu":
