@@ -7,9 +7,9 @@ every device and dtype); the native CPU build of ``csrc/fused_cpu.cpp`` for fp32
 (:func:`native_ops`), which does each in one pass instead of five to twelve torch ops; and
 Triton kernels for CUDA tensors (``triton_fused.py``), one launch each. At a decode step's
 row counts those ops cost more in dispatch than in arithmetic: 30 layers of SmolLM2 run
-about 1,200 of them per step, and on a GPU each is a kernel launch. The native build rounds every product and sum as
-the torch ops do (no fused multiply-add); it differs only in the order of the norm's sum of
-squares and in its exp (a polynomial of about 1 ulp).
+about 1,200 of them per step, and on a GPU each is a kernel launch. The native build
+rounds every product and sum as the torch ops do (no fused multiply-add); it differs only
+in the order of the norm's sum of squares and in its exp (a polynomial of about 1 ulp).
 """
 
 from __future__ import annotations

@@ -111,23 +111,18 @@ def _silu_mul_kernel(
     tl.store(out_ptr + row * inter + cols, (silu * u).to(dtype), mask=mask)
 
 
-def _rows(name: str, t: torch.Tensor) -> None:
-    """``t`` is a 2-D float tensor with a contiguous last dimension."""
-    check_float(name, t, 2)
-
-
 def add_rms_norm(hidden: torch.Tensor,  # [T, W], updated in place when delta is given
                  delta: torch.Tensor | None,  # [T, W] or None
                  weight: torch.Tensor,  # [W]
                  eps: float) -> torch.Tensor:  # [T, W], dtype of weight * hidden
     """``hidden += delta``; then RMSNorm in fp32, rounded to hidden's dtype, times ``weight``
     (:func:`kernels.cpu_fused.torch_add_rms_norm`), in one launch."""
-    _rows("hidden", hidden)
+    check_float("hidden", hidden, 2)
     width = hidden.shape[1]
     if weight.dim() != 1 or weight.shape[0] != width:
         raise ValueError(f"weight must be [{width}], got {tuple(weight.shape)}")
     if delta is not None:
-        _rows("delta", delta)
+        check_float("delta", delta, 2)
         if delta.shape != hidden.shape or delta.dtype != hidden.dtype:
             raise ValueError(f"delta {tuple(delta.shape)} {delta.dtype} must match hidden "
                              f"{tuple(hidden.shape)} {hidden.dtype}")
@@ -154,9 +149,9 @@ def rope_qk_(qkv: torch.Tensor,  # [T, (Hq + 2 Hkv) * D], q and k rotated in pla
              num_heads: int, num_kv_heads: int) -> None:
     """Rotate the q and k heads of every row by its position's cos/sin (rotate_half), in
     one launch (:func:`kernels.cpu_fused.torch_rope_qk_`)."""
-    _rows("qkv", qkv)
-    _rows("cos", cos)
-    _rows("sin", sin)
+    check_float("qkv", qkv, 2)
+    check_float("cos", cos, 2)
+    check_float("sin", sin, 2)
     num_tokens, head_dim = cos.shape
     if sin.shape != cos.shape or qkv.shape[0] != num_tokens or head_dim % 2:
         raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must be "
@@ -179,7 +174,7 @@ def rope_qk_(qkv: torch.Tensor,  # [T, (Hq + 2 Hkv) * D], q and k rotated in pla
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2 I] -> [T, I]
     """``silu(gate) * up`` of a fused gate/up projection's output, in one launch
     (:func:`kernels.cpu_fused.torch_silu_mul`)."""
-    _rows("gate_up", gate_up)
+    check_float("gate_up", gate_up, 2)
     num_tokens, both = gate_up.shape
     if both % 2:
         raise ValueError(f"gate_up must have an even number of columns, got {both}")
