@@ -135,6 +135,11 @@ class Admission:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if cap is None and self._plain_decode(seq):
+                out.scheduled.append(ScheduledSequence.decode(seq))
+                budget -= 1
+                i += 1
+                continue
             if seq in left_out or (cap is not None and seq.is_batch and batch_rows >= cap):
                 i += 1  # its turn comes in a later step
                 continue
@@ -171,6 +176,21 @@ class Admission:
                 batch_rows += num_new
             i += 1
         return budget, None if cap is None else max(0, cap - batch_rows)
+
+    def _plain_decode(self, seq: Sequence) -> bool:
+        """Whether running ``seq`` computes just its newest token this step in a block of
+        its own that has room for it: no drafts, no new block, no copy-on-write, and (a
+        batch sequence) the interactive reserve of blocks still free. The general path
+        would plan it the same (one row, nothing to grow or copy); this one is shorter."""
+        computed = seq.num_computed_tokens
+        if seq.draft_token_ids or computed + 1 != len(seq.token_ids):
+            return False
+        table = seq.block_table
+        index = computed // self.block_manager.block_size
+        if index >= len(table) or self.block_manager.ref_counts[table[index]] != 1:
+            return False
+        return not (self.reserve_blocks and seq.is_batch
+                    and self.block_manager.num_free_blocks < self.reserve_blocks)
 
     def _schedule_padding(self, out: SchedulerOutput, budget: int) -> int:
         """Static-padded: one pad row per finished member, inside the token budget."""

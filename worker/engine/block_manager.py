@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 
+from worker.engine.block_tables import BlockTables
 from worker.engine.sequence import Sequence
 
 RELEASED = -1  # a block-table entry whose block slid out of every layer's window
@@ -44,7 +45,8 @@ class BlockManager:
     """Allocation, reference counts and the prefix cache of ``num_blocks`` KV blocks."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
-                 *, never_used_last: bool = False, window: int = 0) -> None:
+                 *, never_used_last: bool = False, window: int = 0,
+                 tables: BlockTables | None = None) -> None:
         if window < 0:
             raise ValueError(f"window={window}: must be >= 0 (0: no sliding window)")
         self.num_blocks = num_blocks
@@ -59,6 +61,9 @@ class BlockManager:
         self.block_hashes: list[int | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # hash -> block id
+        self.num_shared = 0  # blocks held by more than one sequence
+        # every change to a sequence's block_table, mirrored (the model runner's, to gather)
+        self.tables = tables if tables is not None else BlockTables()
 
     # -- capacity ---------------------------------------------------------------------
     @property
@@ -95,8 +100,9 @@ class BlockManager:
         """Let ``child`` share all of ``parent``'s blocks (reference counted); its released
         entries stay released in the child."""
         for block in parent.block_table[num_released(parent.block_table):]:
-            self.ref_counts[block] += 1
+            self._ref_up(block)
         child.block_table = list(parent.block_table)
+        self.tables.load(child)
         child.num_hashed_blocks = parent.num_hashed_blocks
         child.block_hash = parent.block_hash
 
@@ -113,15 +119,18 @@ class BlockManager:
         src = seq.block_table[index]
         assert src != RELEASED, "the next token's block is inside the window"
         dst = self._pop_free()
-        self.ref_counts[src] -= 1
+        self._ref_down(src)
         seq.block_table[index] = dst
+        self.tables.set(seq, index, dst)
         return src, dst
 
     # -- allocation -------------------------------------------------------------------
     def grow(self, seq: Sequence, num_tokens: int) -> None:
         """Append blocks to ``seq`` until it holds ``num_tokens``; caller checked can_grow."""
+        table = seq.block_table
         for _ in range(self.num_new_blocks(seq, num_tokens)):
-            seq.block_table.append(self._pop_free())
+            table.append(self._pop_free())
+            self.tables.set(seq, len(table) - 1, table[-1])
 
     def _pop_free(self) -> int:
         """A freed plain block first; then a never-used block before the least recently
@@ -148,13 +157,27 @@ class BlockManager:
         for i in range(len(table) - 1, released - 1, -1):
             self._drop(table[i], keep_cached)
         seq.block_table = [RELEASED] * released if keep_released else []
+        self.tables.load(seq)
         seq.num_hashed_blocks = 0
         seq.block_hash = None
 
+    def _ref_up(self, block: int) -> None:
+        """One holder more for a held or cached ``block``."""
+        self.ref_counts[block] += 1
+        if self.ref_counts[block] == 2:
+            self.num_shared += 1
+
+    def _ref_down(self, block: int) -> int:
+        """One holder fewer for ``block``; returns how many are left."""
+        self.ref_counts[block] -= 1
+        left = self.ref_counts[block]
+        if left == 1:
+            self.num_shared -= 1
+        return left
+
     def _drop(self, block: int, keep_cached: bool = True) -> None:
         """One holder fewer; a block nobody holds goes to its free queue."""
-        self.ref_counts[block] -= 1
-        if self.ref_counts[block] == 0:
+        if self._ref_down(block) == 0:
             if not keep_cached:
                 self._unpublish(block)
             if self.block_hashes[block] is None:
@@ -182,6 +205,7 @@ class BlockManager:
         for i in range(start, end):
             self._drop(table[i])
             table[i] = RELEASED
+            self.tables.set(seq, i, RELEASED)
         return max(0, end - start)
 
     # -- prefix cache -----------------------------------------------------------------
@@ -212,8 +236,9 @@ class BlockManager:
         for block in blocks:
             if self.ref_counts[block] == 0:
                 del self.free_cached[block]  # a findable block is in the cache's LRU
-            self.ref_counts[block] += 1
+            self._ref_up(block)
         seq.block_table = list(blocks)
+        self.tables.load(seq)
         seq.num_hashed_blocks = len(blocks)
         seq.block_hash = self.block_hashes[blocks[-1]] if blocks else None
         seq.num_computed_tokens = len(blocks) * self.block_size

@@ -48,7 +48,8 @@ class LLMEngine:
         self.prepacked, self.load_seconds = runner.prepacked, runner.load_seconds
         self.block_manager = BlockManager(runner.num_blocks, args.block_size, args.enable_prefix_caching,
                                           never_used_last=not runner.kv_pool_committed,
-                                          window=runner.spec.max_window)  # 0: nothing slides out
+                                          window=runner.spec.max_window,  # 0: nothing slides out
+                                          tables=runner.block_tables)
         self.swapper = make_swapper(runner.k_pool, runner.v_pool,
                                     block_size=args.block_size, swap_space=args.swap_space,
                                     min_tokens=args.swap_min_tokens)

@@ -13,11 +13,11 @@ import mmap
 import time
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from kernels import get_backend
 from worker.engine.attention_metadata import AttentionMetadata
+from worker.engine.block_tables import BlockTables
 from worker.engine.config import (
     DEFAULT_CPU_KV_CACHE_BYTES,
     DEFAULT_CPU_KV_CACHE_MIN_TOKENS,
@@ -30,6 +30,7 @@ from worker.engine.models.native_stack import build_native_stack
 from worker.engine.models.registry import build_model
 from worker.engine.models.spec import ArchSpec
 from worker.engine.models.weights import load_weights
+from worker.engine.step_inputs import StepInputs
 from worker.engine.step_plan import SchedulerOutput
 from worker.protocol.sampling_params import InvalidRequestError
 
@@ -173,7 +174,8 @@ class ModelRunner:
                                      committed=self.kv_pool_committed)
         self.kv_caches = [(self.k_pool[i], self.v_pool[i]) for i in range(config.num_hidden_layers)]
         model.native_stack = build_native_stack(model, self.kv_caches)  # None where it does not cover
-        self.pin = device.type == "cuda"  # stage host inputs in pinned memory for async copies
+        self.block_tables = BlockTables()  # the block manager keeps it current
+        self.step_inputs = StepInputs(device, args.block_size, self.block_tables)
         use_graphs = args.decode_graphs if args.decode_graphs is not None else device.type == "cuda"
         self.decode_graphs: DecodeGraphs | None = None
         if use_graphs:
@@ -208,51 +210,8 @@ class ModelRunner:
         return int(self.config.vocab_size)
 
     def build_inputs(self, plan: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata]:
-        """Packed ``input_ids`` and the AttentionMetadata of a step (decodes come first)."""
-        bs = self.block_size
-        scheduled = plan.scheduled
-        num_seqs = len(scheduled)
-        q_lens = np.fromiter((s.num_new_tokens for s in scheduled), dtype=np.int64, count=num_seqs)
-        starts = np.fromiter((s.start for s in scheduled), dtype=np.int64, count=num_seqs)
-        context_lens = starts + q_lens  # [num_seqs]
-        cu_q = np.zeros(num_seqs + 1, dtype=np.int64)
-        np.cumsum(q_lens, out=cu_q[1:])
-        cu_k = np.zeros(num_seqs + 1, dtype=np.int64)
-        np.cumsum(context_lens, out=cu_k[1:])
-        max_blocks = int(-(-context_lens.max() // bs))
-        block_tables = np.zeros((num_seqs, max_blocks), dtype=np.int64)  # [num_seqs, max_blocks]
-        input_ids: list[int] = []
-        for i, s in enumerate(scheduled):
-            table = s.seq.block_table[: -(-int(context_lens[i]) // bs)]
-            block_tables[i, : len(table)] = table
-            input_ids.extend(s.query_token_ids())
-        # positions of every token: start_i, start_i + 1, ... for each sequence
-        seq_of_token = np.repeat(np.arange(num_seqs), q_lens)  # [num_tokens]
-        positions = np.arange(int(cu_q[-1]), dtype=np.int64) - cu_q[seq_of_token] + starts[seq_of_token]
-        slot_mapping = block_tables[seq_of_token, positions // bs] * bs + positions % bs  # [num_tokens]
-        pads = [int(cu_q[i]) for i, s in enumerate(scheduled) if s.is_pad]
-        if pads:
-            slot_mapping[pads] = -1  # pad rows re-read cached K/V and write none
-        dev = self.device
-
-        def t(a: np.ndarray) -> torch.Tensor:
-            host = torch.from_numpy(a)
-            if self.pin:
-                host = host.pin_memory()
-            return host.to(dev, non_blocking=True)
-
-        meta = AttentionMetadata(
-            positions=t(positions),
-            slot_mapping=t(slot_mapping),
-            cu_seqlens_q=t(cu_q),
-            cu_seqlens_k=t(cu_k),
-            context_lens=t(context_lens),
-            block_tables=t(block_tables),
-            num_decode_seqs=sum(1 for s in scheduled if s.is_decode),
-            logits_indices=t(np.asarray(plan.logits_rows.token_indices, dtype=np.int64)),
-        )
-        ids = t(np.asarray(input_ids, dtype=np.int64))
-        return ids, meta
+        """Packed ``input_ids`` and the AttentionMetadata of a step (decodes first)."""
+        return self.step_inputs.build(plan)
 
     @torch.inference_mode()
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:

@@ -29,7 +29,7 @@ class TokenLogprob:
     rank: int | None = None  # 1 + how many tokens were likelier (prompt logprobs only)
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     """State of one request after a step; ``text`` is final once ``finished`` is True."""
 

@@ -52,11 +52,13 @@ class RequestTracker:
     def outputs(self, appended: list[Appended], now: float) -> list[RequestOutput]:
         """The outputs of one step's appends (finished requests complete)."""
         outputs = []
+        output = self._output
         for a in appended:
-            if a.seq.metrics.first_token_time is None and a.new_token_ids:
-                a.seq.metrics.first_token_time = now
+            metrics = a.seq.metrics
+            if metrics.first_token_time is None and a.new_token_ids:
+                metrics.first_token_time = now
             if not a.finished:
-                outputs.append(self._output(a.seq, a.new_token_ids))
+                outputs.append(output(a.seq, a.new_token_ids))
             elif (final := self._final(a.seq, now, a.new_token_ids)) is not None:
                 outputs.append(final)
         return outputs
@@ -81,18 +83,22 @@ class RequestTracker:
 
     @staticmethod
     def _output(seq: Sequence, new_tokens: list[int]) -> RequestOutput:
+        finished = seq.is_finished
+        # positional, in RequestOutput's field order (one per sequence per step: the hot path)
         return RequestOutput(
-            request_id=seq.group_id or seq.request_id,
-            index=seq.sample_index,
-            prompt=seq.prompt,
-            prompt_token_ids=seq.prompt_token_ids,
-            text=seq.text or "",
-            token_ids=list(seq.output_token_ids) if seq.is_finished else seq.output_token_ids,
-            finish_reason=seq.finish_reason,
-            metrics=seq.metrics,
-            new_token_ids=new_tokens,
-            logprobs=seq.logprobs,
-            stop_reason=seq.stop_reason,
-            prompt_logprobs=seq.prompt_logprobs,
-            error=seq.error,
+            seq.group_id or seq.request_id,  # request_id
+            seq.prompt,
+            seq.prompt_token_ids,
+            seq.text or "",  # text
+            list(seq.output_token_ids) if finished else seq.output_token_ids,  # token_ids
+            seq.finish_reason,
+            seq.metrics,
+            False,  # finished: set by _final
+            new_tokens,  # new_token_ids
+            seq.logprobs,
+            seq.stop_reason,
+            seq.error,
+            seq.sample_index,  # index
+            [],  # samples
+            seq.prompt_logprobs,
         )

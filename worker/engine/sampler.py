@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels.cpu_fused import ops_for
-from worker.engine.logit_adjust import apply_penalties_and_masks
+from worker.engine.logit_adjust import apply_penalties_and_masks, needs_penalties
 from worker.engine.outputs import TokenLogprob
 from worker.engine.rank_filter import NUM_CANDIDATES, rank_filter_mask
 from worker.engine.sampling_input import SamplingInput
@@ -95,6 +95,14 @@ def is_greedy(params: SamplingParams) -> bool:
     return params.temperature < GREEDY_TEMPERATURE_EPS
 
 
+def _plain_greedy(row: SamplingInput) -> bool:
+    """A greedy row with nothing to adjust (penalties, bias, the min_tokens ban) and no
+    logprobs: its token is its logits' argmax."""
+    p = row.params
+    return (p.temperature < GREEDY_TEMPERATURE_EPS and p.logprobs is None
+            and len(row.output_token_ids) >= p.min_tokens and not needs_penalties(p))
+
+
 class Sampler:
     """Turns the last-token logits of a batch into one token per row (see module doc)."""
 
@@ -125,6 +133,8 @@ class Sampler:
         """
         self._check_inputs(logits, rows)
         logits = logits.float()  # [R, V]; no copy when already float32
+        if constrain is None and all(map(_plain_greedy, rows)):
+            return self._plain_greedy(logits)
         errors = self._bias_errors(rows, logits.shape[1])
         logits = apply_penalties_and_masks(logits, rows, self.eos_token_ids)  # a copy if anything changed
         scored = logits  # [R, V]: what the logprobs describe (the grammar mask is not in it)
@@ -132,32 +142,42 @@ class Sampler:
             logits = logits.clone()  # [R, V]
             constrain(logits)
         row_argmax, bad = argmax_and_unusable(logits)  # [R]: a greedy row's token; [R] bool
-        if bool(bad.any()) or any(errors):
-            logits = logits.clone()  # never write into the caller's tensor
-            for i in bad.nonzero().flatten().tolist():
-                errors[i] = errors[i] or NON_FINITE_ERROR
-            logits[self._index([i for i, e in enumerate(errors) if e], logits.device)] = 0.0
+        if any(errors):  # rows refused on the host fail too
+            bad = bad.clone()
+            bad[self._index([i for i, e in enumerate(errors) if e], logits.device)] = True
 
-        greedy_rows = [i for i, row in enumerate(rows) if is_greedy(row.params)]
-        if len(greedy_rows) == len(rows):
-            tokens = row_argmax  # [R]: the all-greedy fast path (a failed row's is unused)
+        greedy = [is_greedy(row.params) for row in rows]
+        if all(greedy):
+            tokens = row_argmax  # [R] (a failed row's is unused)
         else:
-            tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)  # [R]
-            if greedy_rows:
-                g_idx = self._index(greedy_rows, logits.device)  # [G]
-                tokens[g_idx] = row_argmax[g_idx]
-            sampled_rows = [i for i, row in enumerate(rows) if not is_greedy(row.params)]
+            # a failed row is sampled as a uniform row, its token discarded (a new tensor:
+            # never write into the caller's); no synchronisation with the device here
+            logits = torch.where(bad.unsqueeze(1), 0.0, logits)  # [R, V]
+            tokens = row_argmax.clone()  # [R]: the greedy rows' tokens stay
+            sampled_rows = [i for i, g in enumerate(greedy) if not g]
             s_idx = self._index(sampled_rows, logits.device)  # [S]
             drawn, late_bad = self._sample_rows(logits[s_idx], [rows[i] for i in sampled_rows])
             tokens[s_idx] = drawn
-            for j in late_bad:
-                errors[sampled_rows[j]] = errors[sampled_rows[j]] or NON_FINITE_ERROR
-
+            bad = bad.clone()
+            bad[s_idx] |= late_bad
+        # the one wait on the device: the tokens, a failed row's as -1
+        token_ids = torch.where(bad, -1, tokens).tolist()
+        for i, token in enumerate(token_ids):
+            if token < 0:
+                errors[i] = errors[i] or NON_FINITE_ERROR
         return SamplerOutput(
-            token_ids=tokens.tolist(),
+            token_ids=token_ids,
             logprobs=self._logprobs(scored, rows, tokens),
             errors=errors,
         )
+
+    def _plain_greedy(self, logits: torch.Tensor) -> SamplerOutput:
+        """Every row greedy with nothing to adjust and no logprobs (``_plain_greedy``):
+        the argmax of each row, one transfer of the tokens (an unusable row's as -1)."""
+        row_argmax, bad = argmax_and_unusable(logits)  # [R] each
+        token_ids = torch.where(bad, -1, row_argmax).tolist()
+        errors: list[str | None] = [NON_FINITE_ERROR if t < 0 else None for t in token_ids]
+        return SamplerOutput(token_ids=token_ids, logprobs=[None] * len(token_ids), errors=errors)
 
     def _bias_errors(self, rows: Sequence[SamplingInput], vocab: int) -> list[str | None]:
         """Per row, an error when its logit_bias names a token outside the vocabulary."""
@@ -195,9 +215,9 @@ class Sampler:
 
     def _sample_rows(
         self, logits: torch.Tensor, rows: Sequence[SamplingInput]
-    ) -> tuple[torch.Tensor, list[int]]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample one token for each non-greedy row; ``logits`` is ``[S, V]``. Returns the
-        ``[S]`` tokens and the positions of rows the temperature made unusable."""
+        ``[S]`` tokens and ``[S]`` bool, the rows the temperature made unusable."""
         num, vocab = logits.shape
         device = logits.device
         params = [row.params for row in rows]
@@ -206,10 +226,8 @@ class Sampler:
             [p.temperature for p in params], dtype=torch.float32, device=device
         ).unsqueeze(1)  # [S, 1]
         x = logits / temperature  # [S, V]
-        bad = argmax_and_unusable(x)[1]  # [S]
-        late_bad: list[int] = bad.nonzero().flatten().tolist() if bool(bad.any()) else []
-        if late_bad:
-            x[self._index(late_bad, device)] = 0.0  # a uniform row, whose token is discarded
+        late_bad = argmax_and_unusable(x)[1]  # [S]
+        x = torch.where(late_bad.unsqueeze(1), 0.0, x)  # [S, V]: a uniform row, its token discarded
 
         ranked = [i for i, p in enumerate(params) if 0 < p.top_k < vocab or p.top_p < 1.0]
         if ranked:

@@ -152,7 +152,9 @@ class Scheduler(Admission):
             stopped_by = self._admit_waiting(out, budget, batch_room)
             if self.policy in COHORT_POLICIES and stopped_by != "budget":
                 self.cohort_open = False  # full, out of blocks, or nothing left to admit
-        out.scheduled.sort(key=lambda s: not s.is_decode)  # decodes first (stable)
+        decodes = [s for s in out.scheduled if s.num_new_tokens == 1]
+        if len(decodes) < len(out.scheduled):  # decodes first, each kind in its order
+            out.scheduled = decodes + [s for s in out.scheduled if s.num_new_tokens != 1]
         self._stamp(out, step, now)
         return out
 
@@ -172,22 +174,25 @@ class Scheduler(Admission):
     def _stamp(self, out: SchedulerOutput, step: int, now: float) -> None:
         """Charge the planned rows to their tenants; stamp the sequences that run in step
         ``step`` (and ``now``, the first time)."""
+        rows = out.tenant_rows
         for s in out.scheduled:
-            self.ledger.charge(s.seq.tenant, s.num_new_tokens)
-            if not s.is_pad:
-                metrics = s.seq.metrics
-                if metrics.first_scheduled_time is None:
-                    metrics.first_scheduled_time, metrics.first_step = now, step
-                metrics.last_step = step
+            tenant = s.seq.tenant
+            if s.is_pad:
+                self.ledger.charge(tenant, s.num_new_tokens)  # charged, but not the tenant's work
+                continue
+            rows[tenant] = rows.get(tenant, 0) + s.num_new_tokens
+            metrics = s.seq.metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time, metrics.first_step = now, step
+            metrics.last_step = step
+        for tenant, num_rows in rows.items():
+            self.ledger.charge(tenant, num_rows)
 
     def record_step_time(self, plan: SchedulerOutput, seconds: float) -> None:
         """A step's wall time: learnt by the step-time model (the interactive step budget)
         and, under an engine-seconds ledger, charged to the tenants of its rows (a token
         ledger was charged as the step was planned)."""
-        rows: dict[str | None, int] = {}
-        for s in plan.scheduled:
-            if not s.is_pad:
-                rows[s.seq.tenant] = rows.get(s.seq.tenant, 0) + s.num_new_tokens
+        rows = plan.tenant_rows
         self.step_time.observe(sum(rows.values()), seconds)
         self.ledger.charge_step(seconds, rows)
 
@@ -218,11 +223,21 @@ class Scheduler(Admission):
         what stops, fail the rows the sampler refused, and free what ended. Returns what
         each sequence appended and whether it ended, the failed ones last."""
         bm = self.block_manager
+        publish, bs = bm.publish_full_blocks, bm.block_size
         for s in plan.scheduled:
             if not s.is_pad:  # drafts count as computed only once accepted (below)
-                s.seq.num_computed_tokens = s.start + s.num_real_tokens
-                bm.publish_full_blocks(s.seq)
+                seq = s.seq
+                computed = seq.num_computed_tokens = s.start + s.num_new_tokens - s.num_draft_tokens
+                if computed // bs > seq.num_hashed_blocks:  # a block filled up
+                    publish(seq)
         results: list[Appended] = []
+        decide = self.stop_checker.decide
+        for seq, token, logprob in zip(sampled.seqs, sampled.token_ids, sampled.logprobs, strict=True):
+            seq.append_token(token, logprob)
+            stop = decide(seq)
+            if stop is not None:
+                self.finish(seq, stop[0], stop_reason=stop[1], text=stop[2])
+            results.append(Appended(seq, [token], stop is not None))
         for entry in sampled.tokens:
             seq = entry.seq
             new_tokens: list[int] = []
@@ -240,7 +255,7 @@ class Scheduler(Admission):
                 bm.publish_full_blocks(seq)
             results.append(Appended(seq, new_tokens, stop is not None))
         if bm.window:  # after publishing, so released blocks are findable in the cache
-            for seq in chain((s.seq for s in plan.scheduled), (e.seq for e in sampled.tokens)):
+            for seq in chain((s.seq for s in plan.scheduled), sampled.appending):
                 # running only: a static-padded pad row re-reads one position back
                 if seq.status is SequenceStatus.RUNNING:
                     bm.release_out_of_window(seq)

@@ -57,6 +57,7 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    table_row: int | None = None  # its row in BlockManager.tables while it holds blocks
     num_hashed_blocks: int = 0  # full blocks already published to the prefix cache
     block_hash: int | None = None  # hash chain value of the last published block
     logprobs: list[TokenLogprob] | None = None

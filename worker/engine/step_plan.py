@@ -28,7 +28,7 @@ from worker.engine.outputs import TokenLogprob
 from worker.engine.sequence import Sequence
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ScheduledSequence:
     """A sequence in this step and how many query rows it computes, fixed when planned."""
 
@@ -45,6 +45,15 @@ class ScheduledSequence:
         self.start = computed - 1 if self.is_pad else computed
         real = self.num_new_tokens - self.num_draft_tokens
         self.samples = not self.is_pad and self.start + real == self.seq.num_tokens
+
+    @classmethod
+    def decode(cls, seq: Sequence) -> ScheduledSequence:
+        """``seq``'s plain decode row (its newest token, no drafts): what the constructor
+        makes of ``(seq, 1)``, made without its general arithmetic (the hot path)."""
+        s = cls.__new__(cls)
+        s.seq, s.num_new_tokens, s.num_draft_tokens, s.is_pad = seq, 1, 0, False
+        s.start, s.samples = seq.num_computed_tokens, True
+        return s
 
     @property
     def is_decode(self) -> bool:
@@ -90,6 +99,17 @@ class LogitsRows:
 
 
 @dataclass
+class RowCounts:
+    """A step's rows by kind (see the module doc)."""
+
+    decode: int = 0  # one-row sequences, pad rows apart
+    verify: int = 0  # rows of sequences checking drafts: last sampled token plus drafts
+    prefill: int = 0  # rows of chunks longer than one, without drafts
+    pad: int = 0  # rows of finished static-padded members
+    draft: int = 0  # speculative tokens among the verify rows
+
+
+@dataclass
 class SchedulerOutput:
     """One step's plan: decodes first, then verify and prefill chunks."""
 
@@ -98,10 +118,16 @@ class SchedulerOutput:
     num_admitted: int = 0
     num_cached_tokens: int = 0
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) KV copies
+    # rows each tenant computes (pad rows left out), filled as the plan is stamped
+    tenant_rows: dict[str | None, int] = field(default_factory=dict)
 
     @cached_property
     def logits_rows(self) -> LogitsRows:
         """The logits-row layout of the step (computed here only; read once planned)."""
+        scheduled = self.scheduled
+        if all(s.num_new_tokens == 1 and s.samples and s.seq.prompt_logprobs is None for s in scheduled):
+            rows = range(len(scheduled))  # plain decodes: row i is sequence i's only row
+            return LogitsRows(list(rows), list(zip(scheduled, rows, strict=True)))
         token_indices: list[int] = []
         owners: list[tuple[ScheduledSequence, int]] = []
         prompt_rows: list[tuple[ScheduledSequence, int, range]] = []
@@ -117,30 +143,47 @@ class SchedulerOutput:
                 token_indices.extend(range(end - s.num_logits_rows, end))
         return LogitsRows(token_indices, owners, prompt_rows)
 
+    @cached_property
+    def row_counts(self) -> RowCounts:
+        """The step's rows by kind, counted in one pass (read once planned)."""
+        counts = RowCounts()
+        for s in self.scheduled:
+            n, drafts = s.num_new_tokens, s.num_draft_tokens
+            if s.is_pad:
+                counts.pad += 1
+            elif drafts:
+                counts.verify += n
+                counts.draft += drafts
+            elif n == 1:
+                counts.decode += 1
+            else:
+                counts.prefill += n
+        return counts
+
     @property
     def num_decode_tokens(self) -> int:
         """Decode rows of live sequences (pad rows are counted apart)."""
-        return sum(1 for s in self.scheduled if s.is_decode and not s.is_pad)
+        return self.row_counts.decode
 
     @property
     def num_verify_tokens(self) -> int:
         """Rows of sequences that check drafts: the last sampled token plus the drafts."""
-        return sum(s.num_new_tokens for s in self.scheduled if s.num_draft_tokens)
+        return self.row_counts.verify
 
     @property
     def num_prefill_tokens(self) -> int:
         """Rows of prompt (or recompute) chunks longer than one."""
-        return sum(s.num_new_tokens for s in self.scheduled if not s.is_decode and not s.num_draft_tokens)
+        return self.row_counts.prefill
 
     @property
     def num_pad_rows(self) -> int:
         """Rows computed for finished members of a padded static cohort."""
-        return sum(1 for s in self.scheduled if s.is_pad)
+        return self.row_counts.pad
 
     @property
     def num_draft_tokens(self) -> int:
         """Speculative tokens checked this step."""
-        return sum(s.num_draft_tokens for s in self.scheduled)
+        return self.row_counts.draft
 
     @property
     def is_empty(self) -> bool:
@@ -148,7 +191,7 @@ class SchedulerOutput:
         return not self.scheduled
 
 
-@dataclass
+@dataclass(slots=True)
 class SampledTokens:
     """What one sequence appends after a step: sampled, or verified drafts plus one."""
 
@@ -160,15 +203,25 @@ class SampledTokens:
 @dataclass
 class SampledStep:
     """What sampling a step gives the scheduler's update: the tokens each sampling sequence
-    appends, the sequences whose rows could not be used (and why: they fail alone), and how
-    many drafts were accepted."""
+    appends (one sampled token each for most, in three parallel lists, so that the common
+    step makes no object per sequence; verified drafts plus one in ``tokens``), the
+    sequences whose rows could not be used (and why: they fail alone), and how many drafts
+    were accepted."""
 
-    tokens: list[SampledTokens] = field(default_factory=list)
+    seqs: list[Sequence] = field(default_factory=list)  # each appends one sampled token
+    token_ids: list[int] = field(default_factory=list)  # seqs[i]'s token
+    logprobs: list[TokenLogprob | None] = field(default_factory=list)  # and its logprobs
+    tokens: list[SampledTokens] = field(default_factory=list)  # several tokens each
     failed: list[tuple[Sequence, str]] = field(default_factory=list)
     num_accepted: int = 0
 
+    @property
+    def appending(self) -> list[Sequence]:
+        """Every sequence that appends tokens this step."""
+        return self.seqs + [entry.seq for entry in self.tokens]
 
-@dataclass
+
+@dataclass(slots=True)
 class Appended:
     """One sequence's result of ``Scheduler.update_from_output``: its new tokens, and
     whether it ended (its ``finish_reason`` says how)."""

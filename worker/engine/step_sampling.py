@@ -11,8 +11,8 @@ import torch
 from worker.engine.sampler import Sampler
 from worker.engine.sequence import Sequence
 from worker.engine.speculation import verify_drafts
-from worker.engine.step_plan import SampledStep, SampledTokens, SchedulerOutput
-from worker.engine.structured import grammar_masks
+from worker.engine.step_plan import SampledStep, ScheduledSequence, SchedulerOutput
+from worker.engine.structured import Grammar, grammar_masks
 
 
 def sample_step(
@@ -27,42 +27,43 @@ def sample_step(
     out = SampledStep()
     if logits is None or not owners:
         return out
-    drafted = [(s, row) for s, row in owners if s.num_draft_tokens]
-    plain = [(s.seq, row) for s, row in owners if not s.num_draft_tokens]
-    if forks:
-        plain += forks
-    if plain:
-        rows = [row for _, row in plain]
+    drafted: list[tuple[ScheduledSequence, int]] = []
+    if not plan.num_draft_tokens and not forks and len(owners) == logits.shape[0]:
+        seqs = [s.seq for s, _ in owners]  # one row each, in order: the whole tensor
+        plain_logits = logits  # [num_plain, vocab]
+    else:
+        drafted = [(s, row) for s, row in owners if s.num_draft_tokens]
+        plain = [(s.seq, row) for s, row in owners if not s.num_draft_tokens] + forks
         seqs = [seq for seq, _ in plain]
-        # the plan's rows in order (one each, no prompt rows) are the whole tensor
-        plain_logits = logits if len(rows) == logits.shape[0] and not forks else logits[rows]  # [num_plain, vocab]
+        plain_logits = logits[[row for _, row in plain]]  # [num_plain, vocab]
+    if seqs:
         constrained = [(i, seq.grammar) for i, seq in enumerate(seqs) if seq.grammar is not None]
         drawn = sampler.sample(plain_logits, seqs, constrain=grammar_masks(constrained))
-        for i, seq in enumerate(seqs):
-            error = drawn.errors[i] if drawn.errors else None
-            if error:
-                out.failed.append((seq, error))
-                continue
-            out.tokens.append(SampledTokens(seq, [(drawn.token_ids[i], drawn.logprobs[i])]))
-        if constrained:
-            out.tokens = _advance_grammars(out.tokens, out.failed)
+        refused = _refused(seqs, drawn.token_ids, drawn.errors, constrained)
+        if not refused:
+            out.seqs, out.token_ids, out.logprobs = seqs, drawn.token_ids, drawn.logprobs
+        else:
+            for i, seq in enumerate(seqs):
+                if i in refused:
+                    out.failed.append((seq, refused[i]))
+                    continue
+                out.seqs.append(seq)
+                out.token_ids.append(drawn.token_ids[i])
+                out.logprobs.append(drawn.logprobs[i])
     if drafted:
-        verified, out.num_accepted, refused = verify_drafts(drafted, logits)
+        verified, out.num_accepted, failed = verify_drafts(drafted, logits)
         out.tokens.extend(verified)
-        out.failed.extend(refused)
+        out.failed.extend(failed)
     return out
 
 
-def _advance_grammars(
-    results: list[SampledTokens], failed: list[tuple[Sequence, str]]
-) -> list[SampledTokens]:
-    """Move each constrained sequence's grammar past its new token; one the grammar refuses
-    (it cannot happen with the mask applied, unless the row was unusable) fails alone."""
-    kept = []
-    for r in results:
-        grammar = r.seq.grammar
-        if grammar is not None and not all(grammar.accept(t) for t, _ in r.tokens):
-            failed.append((r.seq, "the structured output grammar refused the sampled token"))
-            continue
-        kept.append(r)
-    return kept
+def _refused(seqs: list[Sequence], token_ids: list[int], errors: list[str | None],
+             constrained: list[tuple[int, Grammar]]) -> dict[int, str]:
+    """Rows that append nothing, and why: the sampler's errors, and the constrained rows
+    whose grammar refuses their token (it cannot happen with the mask applied, unless
+    the row was unusable); each accepted token moves its grammar on."""
+    refused = {i: e for i, e in enumerate(errors) if e} if any(errors) else {}
+    for i, grammar in constrained:
+        if i not in refused and not grammar.accept(token_ids[i]):
+            refused[i] = "the structured output grammar refused the sampled token"
+    return refused

@@ -20,6 +20,8 @@ def distinct_kv_tokens(holding: Iterable[Sequence], bm: BlockManager) -> int:
     With a window, a holder behind another on a shared prefix may hold alone the blocks
     the other already released; the walk stops there, so the shared blocks after them
     count once per holder (an overcount of that case only, to keep the walk short)."""
+    if not bm.num_shared and not bm.window:  # nothing shared, nothing released: a plain sum
+        return sum(seq.num_computed_tokens for seq in holding)
     total = 0
     shared: dict[int, int] = {}  # shared block -> the most tokens any holder has in it
     bs = bm.block_size
@@ -65,16 +67,20 @@ class StepTimer:
         self.paused += seconds
 
 
-def step_work(plan: SchedulerOutput) -> dict[str, int]:
+def step_work(plan: SchedulerOutput) -> tuple[dict[str, int], int]:
     """The rows each request computed in the step (samples of an n > 1 request summed
     under the request's id; pad rows left out): what ``step_cost.split_seconds`` splits
-    the step's time by."""
+    the step's time by; and how many of them were interactive."""
     work: dict[str, int] = {}
+    interactive = 0
     for s in plan.scheduled:
         if not s.is_pad:
-            rid = s.seq.group_id or s.seq.request_id
+            seq = s.seq
+            rid = seq.group_id or seq.request_id
             work[rid] = work.get(rid, 0) + s.num_new_tokens
-    return work
+            if seq.service_class != "batch":
+                interactive += s.num_new_tokens
+    return work, interactive
 
 
 def step_stats(
@@ -89,6 +95,7 @@ def step_stats(
     schedule_s, forward_s, sample_s = timer.laps
     bm = scheduler.block_manager
     holding = (*scheduler.running, *scheduler.padding)
+    work, interactive_rows = step_work(plan)
     return StepStats(
         step=step,
         num_running=len(scheduler.running),
@@ -114,7 +121,7 @@ def step_stats(
         num_pad_rows=plan.num_pad_rows,
         num_running_interactive=sum(1 for s in scheduler.running if not s.is_batch),
         num_waiting_interactive=sum(1 for s in scheduler.waiting if not s.is_batch),
-        num_interactive_tokens=sum(s.num_new_tokens for s in plan.scheduled if not s.seq.is_batch),
+        num_interactive_tokens=interactive_rows,
         paused_seconds=timer.paused,
-        work=step_work(plan),
+        work=work,
     )

@@ -97,7 +97,14 @@ class StopChecker:
         """Whether ``seq`` ends after its newest token: ``(finish_reason, stop_reason, text)``
         when it does, as ``check`` decides but against ``seq.max_tokens`` (``max_tokens``
         resolved to the context when the request left it out); None to go on."""
-        return self._decide(len(seq.prompt_token_ids), seq.output_token_ids, seq.params, seq.max_tokens)
+        output, params = seq.output_token_ids, seq.params
+        num_output = len(output)
+        if (num_output < seq.max_tokens and len(seq.token_ids) < self.max_model_len
+                and (num_output < params.min_tokens
+                     or ((params.ignore_eos or output[-1] not in self.eos_token_ids)
+                     and not params.stop_token_ids and not params.stop))):
+            return None  # the common case, decided without the general rule's calls
+        return self._decide(len(seq.prompt_token_ids), output, params, seq.max_tokens)
 
     def final_text(self, output_token_ids: list[int], params: SamplingParams) -> str:
         """Detokenized output at finish, honouring ``skip_special_tokens``.

@@ -90,14 +90,19 @@ def _build_config(arch: str, vocab_size: int, eos_id: int, pad_id: int):
     raise ValueError(f"unknown tiny architecture {arch!r}; expected one of {TINY_ARCHS}")
 
 
-def build_tiny_checkpoint(path: str | Path, arch: str = "llama", seed: int = 0) -> Path:
-    """Write a tiny random ``arch`` checkpoint (HF format) into ``path`` and return it."""
+def build_tiny_checkpoint(path: str | Path, arch: str = "llama", seed: int = 0,
+                          overrides: dict[str, Any] | None = None) -> Path:
+    """Write a tiny random ``arch`` checkpoint (HF format) into ``path`` and return it.
+    ``overrides`` replace fields of its config (widths, depth, a vocabulary larger than the
+    tokenizer's, whose extra ids no text decodes to)."""
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
     tokenizer = _build_tokenizer(vocab_size=384)
     vocab_size = len(tokenizer)
     config = _build_config(arch, vocab_size, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    for key, value in (overrides or {}).items():
+        setattr(config, key, value)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     # Gemma's norms multiply by (1 + w): their weights sit around 0, the others' around 1.
