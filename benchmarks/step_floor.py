@@ -55,7 +55,12 @@ from typing import Any
 import torch
 
 from cli.bench.machine import cpu_description
-from cli.bench.peer_run import DEFAULT_PEER_PYTHON, preload_libraries
+from cli.bench.peer_run import (
+    DEFAULT_PEER_PYTHON,
+    PeerSettings,
+    peer_environment,
+    preload_libraries,
+)
 from worker.engine import EngineArgs, LLMEngine, SamplingParams
 from worker.engine.models.cpu_linear import PackedLinear
 
@@ -253,15 +258,14 @@ def differenced_step_ms(engine: LLMEngine, batch: int, context: int) -> float:
 
 
 def run_peer(python: Path, model_dir: Path, batches: list[int], context: int,
-             threads: int | None) -> dict[int, float]:
-    """vLLM's differenced step (ms) per batch size, from its own environment."""
-    import os
-
+             threads: int | None, single_process: bool = False) -> dict[int, float]:
+    """vLLM's differenced step (ms) per batch size, from its own environment;
+    ``single_process``: its engine core in the calling process (``PeerSettings``)."""
     cmd = [str(python), str(PEER_SCRIPT), str(model_dir), "--batches", ",".join(map(str, batches)),
            "--context", str(context), "--tokens", ",".join(map(str, DIFF_TOKENS))]
     if threads:
         cmd += ["--threads", str(threads)]
-    env = dict(os.environ)
+    env = peer_environment(PeerSettings(multiprocessing=False if single_process else None))
     if preload := preload_libraries(python):
         env["LD_PRELOAD"] = preload
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)

@@ -323,11 +323,11 @@ def _throughput_tables(rec: Recorder, runs: dict[str, dict[str, Any]]) -> None:
             rec.note(f"- {name}: stopped at its time cap after {run['finished_requests']} "
                      "requests; its tokens/s is over those only.")
     rec.figures["runs"] = runs
-    rec.table("Throughput", ["run", "tokens/s", "wall s", "steps", "step ms", "slot util",
-                             "KV waste", "complete"],
+    rec.table("Throughput", ["run", "tokens/s", "wall s", "steps", "step ms", "device busy",
+                             "slot util", "KV waste", "complete"],
               [[name, r.get("useful_tokens_per_s"), r.get("wall_seconds"), r.get("num_steps"),
-                r.get("mean_step_ms"), r.get("slot_utilization"), r.get("kv_waste"),
-                r.get("complete", True)] for name, r in runs.items()])
+                r.get("mean_step_ms"), r.get("device_busy_fraction", "-"), r.get("slot_utilization"),
+                r.get("kv_waste"), r.get("complete", True)] for name, r in runs.items()])
     tps = {name: r.get("useful_tokens_per_s") for name, r in runs.items()}
     best = tps.get("engine continuous, graphs") or 0.0
     ratios = {f"engine continuous, graphs / {name}": best / value for name, value in tps.items()

@@ -92,10 +92,59 @@ def torch_ops_installed(engine: Any) -> Iterator[None]:
             runner.decode_graphs = own
 
 
+class DeviceBusy:
+    """How long the device worked during an engine run: each step's forward and sampling
+    bracketed by CUDA events (on the CPU, by the clock: there the host is the device), the
+    intervals summed once the run is over. An interval counts whatever the stream did
+    between its two events, gaps of a host still launching included, so the figure is an
+    upper bound of the device's busy time; against the run's wall time it says how long
+    the device waited for the host at least (``fraction`` well below 1: host-bound)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.cuda = engine.device.type == "cuda"
+        self.intervals: list[tuple[Any, Any]] = []
+
+    def _mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _bracketed(self, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = self._mark()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.intervals.append((start, self._mark()))
+        return wrapper
+
+    @contextlib.contextmanager
+    def measuring(self) -> Iterator[None]:
+        """Bracket the runner's forward and the sampler inside the block."""
+        runner, sampler = self.engine.runner, self.engine.sampler
+        execute, sample = runner.execute, sampler.sample
+        runner.execute, sampler.sample = self._bracketed(execute), self._bracketed(sample)
+        try:
+            yield
+        finally:
+            runner.execute, sampler.sample = execute, sample
+
+    def seconds(self) -> float:
+        """The summed intervals (waits for the device once, after the run)."""
+        if not self.cuda:
+            return sum(end - start for start, end in self.intervals)
+        torch.cuda.synchronize()
+        return sum(start.elapsed_time(end) for start, end in self.intervals) / 1e3
+
+
 def run_engine_config(engine: Any, requests: Sequence[BenchRequest], *, name: str, slots: int,
                       policy: str, graphs: bool, torch_ops: bool = False) -> dict[str, Any]:
     """One engine run through cli.bench's runner; per-step lists dropped. ``torch_ops``:
-    with the torch element-wise ops instead of the device's fused ones (with graphs only)."""
+    with the torch element-wise ops instead of the device's fused ones (with graphs only).
+    ``device_busy_seconds`` and ``device_busy_fraction``: :class:`DeviceBusy` over the run."""
     from cli.bench.engine_run import run_engine
 
     if torch_ops and not graphs:
@@ -105,9 +154,12 @@ def run_engine_config(engine: Any, requests: Sequence[BenchRequest], *, name: st
         context = decode_graphs_disabled(engine)
     elif torch_ops:
         context = torch_ops_installed(engine)
-    with context:
+    busy = DeviceBusy(engine)
+    with context, busy.measuring():
         result = run_engine(engine, requests, name=name, max_num_seqs=slots, policy=policy)
         result["decode_graphs"] = graphs and engine.runner.decode_graphs is not None
+    result["device_busy_seconds"] = busy.seconds()
+    result["device_busy_fraction"] = result["device_busy_seconds"] / result["wall_seconds"]
     for key in DROPPED_KEYS:
         result.pop(key, None)
     result["element_wise_ops"] = "torch" if torch_ops else "fused"

@@ -43,6 +43,9 @@ class PeerSettings:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     prefix_caching: bool | None = None
+    # False: the engine core in the calling process (VLLM_ENABLE_V1_MULTIPROCESSING=0),
+    # which on 2 cores ran faster than its own process; None: vLLM's default (its own)
+    multiprocessing: bool | None = None
 
 
 # What the search tries, one setting at a time, from the defaults (None: vLLM's own).
@@ -51,6 +54,7 @@ SEARCH_SPACE: dict[str, tuple[Any, ...]] = {
     "max_num_seqs": (64, 128),
     "max_num_batched_tokens": (2048, 8192),
     "prefix_caching": (False,),
+    "multiprocessing": (False,),
 }
 
 
@@ -63,6 +67,15 @@ def preload_libraries(python: Path, preload: str = "tcmalloc+iomp") -> str:
     wanted = {"tcmalloc+iomp": (TCMALLOC, venv_lib / "libiomp5.so"), "tcmalloc": (TCMALLOC,),
               "none": ()}[preload]
     return ":".join(str(p) for p in wanted if p.exists())
+
+
+def peer_environment(settings: PeerSettings) -> dict[str, str]:
+    """The peer's environment: this one without its preloads, and with vLLM's engine core
+    in the calling process when ``settings.multiprocessing`` is False."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    if settings.multiprocessing is not None:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if settings.multiprocessing else "0"
+    return env
 
 
 def run_vllm(*, python: Path, model_dir: Path, workload: Path, out_dir: Path,
@@ -92,7 +105,7 @@ def run_vllm(*, python: Path, model_dir: Path, workload: Path, out_dir: Path,
     if settings.prefix_caching is not None:
         cmd += ["--prefix-caching", "on" if settings.prefix_caching else "off"]
     log_path = out_dir / "vllm.log"
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env = peer_environment(settings)
     preload = preload_libraries(python, settings.preload)
     if preload:
         env["LD_PRELOAD"] = preload

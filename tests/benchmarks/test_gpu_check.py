@@ -71,6 +71,8 @@ def test_quick_cpu_run_skips_device_specific_parts_with_a_reason(
     workload = sections["throughput"]["figures"]["workload"]
     assert all(r["useful_tokens"] == workload["useful_tokens"] for r in runs.values())
     assert runs["engine continuous, graphs, torch element-wise ops"]["element_wise_ops"] == "torch"
+    engine_runs = [r for name, r in runs.items() if name.startswith("engine")]
+    assert all(0 < r["device_busy_fraction"] <= 1 for r in engine_runs)  # the host's forward and sampler here
     steps = sections["bandwidth"]["figures"]["decode_steps"]
     assert [r["batch"] for r in steps] == [1, 4, 8]
     torch_steps = sections["bandwidth"]["figures"]["decode_steps_torch_ops"]  # the A/B's other side
@@ -84,7 +86,8 @@ def test_quick_cpu_run_writes_a_markdown_report(quick_run: tuple[int, Path]) -> 
     assert "none of its figures are GPU figures" in text
     for title in gpu_check.TITLES.values():
         assert f"## {title}: " in text
-    assert "| run | tokens/s | wall s | steps | step ms | slot util | KV waste | complete |" in text
+    assert ("| run | tokens/s | wall s | steps | step ms | device busy | slot util | KV waste | complete |"
+            in text)
 
 
 def test_a_failing_section_is_recorded_and_does_not_raise() -> None:

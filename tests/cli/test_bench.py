@@ -117,10 +117,22 @@ def test_the_peer_search_keeps_each_faster_setting() -> None:
 
     best, tokens = search_vllm(run_one, say=lambda _: None)
     assert best["search"]["best"] == {"preload": "tcmalloc", "max_num_seqs": 128,
-                                      "max_num_batched_tokens": None, "prefix_caching": None}
+                                      "max_num_batched_tokens": None, "prefix_caching": None,
+                                      "multiprocessing": None}
     assert best["useful_tokens_per_s"] == 115 and tokens == {"r": [128]}
     tries = best["search"]["tries"]
-    assert len(tries) == 1 + 2 + 2 + 2 + 1 and sum("error" in t for t in tries) == 1
+    assert len(tries) == 1 + 2 + 2 + 2 + 1 + 1 and sum("error" in t for t in tries) == 1
+    assert tries[-1]["settings"]["multiprocessing"] is False  # the single-process mode is tried
+
+
+def test_the_single_process_peer_runs_its_engine_core_in_process(monkeypatch) -> None:
+    from cli.bench.peer_run import PeerSettings, peer_environment
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    monkeypatch.setenv("LD_PRELOAD", "/x.so")
+    assert peer_environment(PeerSettings(multiprocessing=False))["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    default = peer_environment(PeerSettings())
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in default and "LD_PRELOAD" not in default
 
 
 def test_peer_preloads(tmp_path: Path) -> None:
