@@ -133,6 +133,14 @@ class Admission:
         left_out = self._batch_turns(cap) if cap is not None else set()
         batch_rows = 0
         i = 0
+        if cap is None:  # the leading plain decodes, planned as such (one row each)
+            plain = self._plain_decode
+            for seq in self.running[:budget]:
+                if not plain(seq):
+                    break
+                out.scheduled.append(ScheduledSequence.decode(seq))
+                i += 1
+            budget -= i
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             if cap is None and self._plain_decode(seq):

@@ -17,7 +17,7 @@ row, start, query length and query tokens); everything per token is numpy.
 
 from __future__ import annotations
 
-from itertools import chain
+from itertools import accumulate, chain
 
 import numpy as np
 import torch
@@ -66,9 +66,10 @@ class StepInputs:
         logits_rows = plan.logits_rows.token_indices
         sizes = (num_tokens, num_tokens, num_tokens, num_seqs + 1, num_seqs + 1, num_seqs,
                  len(logits_rows), num_seqs * width)
-        staged = self._staging(sum(sizes))  # [total] int64, host
+        bounds = list(accumulate(sizes, initial=0))  # each segment's offset, then the total
+        staged = self._staging(bounds[-1])  # [total] int64, host
         packed = staged.numpy()  # the same memory, written through numpy
-        parts = dict(zip(SEGMENTS, np.split(packed, np.cumsum(sizes)[:-1]), strict=True))
+        parts = {name: packed[a:b] for name, a, b in zip(SEGMENTS, bounds, bounds[1:], strict=False)}
         parts["input_ids"][:] = token_ids
         cu_q, cu_k = parts["cu_seqlens_q"], parts["cu_seqlens_k"]
         cu_q[0] = cu_k[0] = 0
