@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.step_floor import _timed, admit_and_prefill, run_peer
+from benchmarks.step_floor import _timed, run_peer, time_steps
 from cli.bench.machine import cpu_description
 from cli.bench.peer_run import DEFAULT_PEER_PYTHON
 from worker.engine import EngineArgs, LLMEngine
@@ -88,26 +88,13 @@ def split_ms(totals: dict[str, float], step_ms: float, steps: int) -> dict[str, 
 
 def time_decode(engine: LLMEngine, batch: int, context: int, steps: int,
                 totals: dict[str, float]) -> float:
-    """Mean wall ms of ``steps`` decode steps of ``batch`` sequences; ``totals`` holds the
-    parts of those steps only. Every timed step must run all ``batch`` sequences."""
-    ids = admit_and_prefill(engine, batch, context, max_tokens=steps + 16, id_prefix="h")
-    for _ in range(4):  # settle: the first decode steps of a size pay one-time costs
-        engine.step()
-    totals.clear()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        _, stats = engine.step()
-        if stats.num_decode_tokens != batch:
-            raise RuntimeError(f"a timed step ran {stats.num_decode_tokens} of {batch} sequences")
-    wall = time.perf_counter() - t0
-    timed = dict(totals)
-    for request_id in ids:
-        engine.abort_request(request_id)
-    while engine.has_unfinished_requests():
-        engine.step()
-    totals.clear()
-    totals.update(timed)
-    return wall / steps * 1e3
+    """Mean wall ms of ``steps`` decode steps of ``batch`` sequences (``step_floor``'s
+    timing), after two untimed decode steps: the first of a size pay one-time costs."""
+    def settle() -> None:
+        for _ in range(2):
+            engine.step()
+
+    return time_steps(engine, batch, context, steps, totals, before=settle)
 
 
 def plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
