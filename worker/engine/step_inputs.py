@@ -39,7 +39,7 @@ class StepInputs:
         self.block_size = block_size
         self.tables = tables
         self.pinned = device.type == "cuda"
-        self._host: list[torch.Tensor] = []  # CUDA: two pinned staging buffers, used in turn
+        self._host: list[torch.Tensor | None] = [None, None]  # CUDA: two pinned buffers, used in turn
         self._copied: list[torch.cuda.Event | None] = [None, None]  # when each was last read
         self._turn = 0
 
@@ -110,12 +110,11 @@ class StepInputs:
         copied = self._copied[turn]
         if copied is not None:
             copied.synchronize()  # the copy two steps ago is long done: the device is ahead of it
-        if len(self._host) < 2:
-            self._host = [torch.empty(0, dtype=torch.int64).pin_memory() for _ in range(2)]
-        if self._host[turn].numel() < numel:
-            self._host[turn] = torch.empty(max(numel, 2 * self._host[turn].numel()),
-                                           dtype=torch.int64).pin_memory()
-        return self._host[turn][:numel]
+        host = self._host[turn]
+        if host is None or host.numel() < numel:
+            size = numel if host is None else max(numel, 2 * host.numel())
+            host = self._host[turn] = torch.empty(size, dtype=torch.int64, pin_memory=True)
+        return host[:numel]
 
     def _to_device(self, host: torch.Tensor, sizes: tuple[int, ...]) -> list[torch.Tensor]:
         """The segments as tensors on the device: one copy of the whole buffer (none on
