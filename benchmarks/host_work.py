@@ -78,10 +78,7 @@ def split_ms(totals: dict[str, float], step_ms: float, steps: int) -> dict[str, 
     """Each part's mean ms per step (``forward`` and ``rest`` by difference)."""
     ms = {k: v / steps * 1e3 for k, v in totals.items()}
     out = {k: ms.get(k, 0.0) for k in PARTS}
-    # build_inputs runs inside _run; the engine may also build inputs outside it (async)
-    out["forward"] = ms.get("run", 0.0) - ms.get("inputs", 0.0)
-    if out["forward"] < 0:  # inputs built outside _run: the whole of _run is the forward
-        out["forward"] = ms.get("run", 0.0)
+    out["forward"] = ms.get("run", 0.0) - ms.get("inputs", 0.0)  # build_inputs runs inside _run
     out["rest"] = step_ms - sum(v for k, v in out.items() if k != "rest")
     return {k: round(v, 3) for k, v in out.items()}
 
@@ -141,11 +138,7 @@ def main() -> None:
         model=str(model_dir), max_num_seqs=max(sizes), num_threads=args.threads,
         max_num_batched_tokens=max(4096, max(sizes) * args.context),
         num_kv_blocks=max(sizes) * (-(-(args.context + args.steps + 40) // 16)) + 64))
-    peer: dict[int, float] = {}
-    if args.peer:  # at its best: its engine core in its own process and in this one
-        for single in (False, True):
-            steps = run_peer(args.peer_python, model_dir, sizes, args.context, args.threads, single)
-            peer = {n: min(ms, peer.get(n, ms)) for n, ms in steps.items()}
+    peer = run_peer(args.peer_python, model_dir, sizes, args.context, args.threads) if args.peer else {}
     totals: dict[str, float] = defaultdict(float)
     instrument(engine, totals)
     rows = []
@@ -164,7 +157,6 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     result = {"command": "python -m benchmarks.host_work " + " ".join(sys.argv[1:]),
               "model": TINY_HOST_CONFIG, "threads": torch.get_num_threads(),
-              "async_scheduling": bool(getattr(engine.args, "async_scheduling", False)),
               "cpu": cpu_description(), "date": time.strftime("%Y-%m-%d"), "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -36,11 +36,13 @@ def test_block_tables_grow_in_rows_and_columns_and_zero_what_they_give_back() ->
         tables.load(seq)  # 5 rows (from 2), up to 5 columns (from 2)
     assert all(tables.matches(seq) for seq in seqs)
     assert tables.array.shape[0] >= 5 and tables.array.shape[1] >= 5
-    rows = np.array([seqs[4].table_row, seqs[1].table_row])
-    assert tables.gather(rows, 5).tolist() == [[40, 41, 42, 43, 44], [10, 11, 0, 0, 0]]
+    out = np.empty((2, 5), dtype=np.int64)
+    tables.gather(np.array([seqs[4].table_row, seqs[1].table_row]), out=out)
+    assert out.tolist() == [[40, 41, 42, 43, 44], [10, 11, 0, 0, 0]]
     seqs[4].block_table = [7]
     tables.load(seqs[4])  # shorter: the tail past it is zero again
-    assert tables.gather(np.array([seqs[4].table_row]), 5).tolist() == [[7, 0, 0, 0, 0]]
+    tables.gather(np.array([seqs[4].table_row]), out=out[:1])
+    assert out[:1].tolist() == [[7, 0, 0, 0, 0]]
     freed = seqs[3].table_row
     seqs[3].block_table = []
     tables.load(seqs[3])

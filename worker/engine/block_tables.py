@@ -65,11 +65,12 @@ class BlockTables:
             self.free_rows.append(seq.table_row)
             seq.table_row = None
 
-    def gather(self, rows: np.ndarray, width: int) -> np.ndarray:
-        """``[len(rows), width]`` the first ``width`` entries of each of ``rows`` (the
-        ``table_row`` of sequences holding blocks)."""
+    def gather(self, rows: np.ndarray, out: np.ndarray) -> None:
+        """Write into ``out`` ``[len(rows), width]`` the first ``width`` entries of each of
+        ``rows`` (the ``table_row`` of sequences holding blocks)."""
+        width = out.shape[1]
         self._fit(width)
-        return self.array[rows, :width]  # [num_rows, width], a copy
+        np.take(self.array[:, :width], rows, axis=0, out=out)
 
     def matches(self, seq: Sequence) -> bool:
         """Whether ``seq``'s row says what its list says (tests and debugging)."""

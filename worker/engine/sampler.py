@@ -95,7 +95,7 @@ def is_greedy(params: SamplingParams) -> bool:
     return params.temperature < GREEDY_TEMPERATURE_EPS
 
 
-def _plain_greedy(row: SamplingInput) -> bool:
+def _is_plain_greedy(row: SamplingInput) -> bool:
     """A greedy row with nothing to adjust (penalties, bias, the min_tokens ban) and no
     logprobs: its token is its logits' argmax."""
     p = row.params
@@ -133,7 +133,7 @@ class Sampler:
         """
         self._check_inputs(logits, rows)
         logits = logits.float()  # [R, V]; no copy when already float32
-        if constrain is None and all(map(_plain_greedy, rows)):
+        if constrain is None and all(map(_is_plain_greedy, rows)):
             return self._plain_greedy(logits)
         errors = self._bias_errors(rows, logits.shape[1])
         logits = apply_penalties_and_masks(logits, rows, self.eos_token_ids)  # a copy if anything changed
@@ -172,7 +172,7 @@ class Sampler:
         )
 
     def _plain_greedy(self, logits: torch.Tensor) -> SamplerOutput:
-        """Every row greedy with nothing to adjust and no logprobs (``_plain_greedy``):
+        """Every row greedy with nothing to adjust and no logprobs (``_is_plain_greedy``):
         the argmax of each row, one transfer of the tokens (an unusable row's as -1)."""
         row_argmax, bad = argmax_and_unusable(logits)  # [R] each
         token_ids = torch.where(bad, -1, row_argmax).tolist()

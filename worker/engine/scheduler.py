@@ -233,10 +233,7 @@ class Scheduler(Admission):
         results: list[Appended] = []
         decide = self.stop_checker.decide
         for seq, token, logprob in zip(sampled.seqs, sampled.token_ids, sampled.logprobs, strict=True):
-            seq.token_ids.append(token)  # Sequence.append_token, inline: once per sequence and step
-            seq.output_token_ids.append(token)
-            if logprob is not None and seq.logprobs is not None:
-                seq.logprobs.append(logprob)
+            seq.append_token(token, logprob)
             stop = decide(seq)
             if stop is not None:
                 self.finish(seq, stop[0], stop_reason=stop[1], text=stop[2])

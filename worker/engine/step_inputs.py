@@ -78,7 +78,7 @@ class StepInputs:
         parts["context_lens"][:] = context_lens
         parts["logits_indices"][:] = logits_rows
         tables = parts["block_tables"].reshape(num_seqs, width)  # [num_seqs, width]
-        tables[:] = self.tables.gather(table_rows, width)
+        self.tables.gather(table_rows, out=tables)
         # positions of every token: start_i, start_i + 1, ... for each sequence
         positions = parts["positions"]
         if num_decode == num_tokens:
