@@ -2,7 +2,7 @@
 
 Every entry point (REST bodies, batch lines, ``inflight enqueue``, stream messages read
 by the worker, ``LLM.generate``) goes through :class:`SamplingParams` and the request
-parser, which read :data:`LIMITS`; the README documents the same table. A value outside
+parser, which read :data:`LIMITS`; docs/configuration.md documents the same table. A value outside
 these bounds is refused with a clear error naming the field, never clamped or dropped.
 
 The numeric ranges keep the sampler finite: logits of a real model are at most a few
@@ -20,7 +20,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class InputLimits:
-    """Bounds on request fields (counts, characters, ranges); see the README table."""
+    """Bounds on request fields (counts, characters, ranges); see docs/configuration.md."""
 
     temperature_max: float = 100.0
     top_k_max: int = 1 << 20
