@@ -92,14 +92,15 @@ class StepInputs:
         if plan.num_pad_rows:
             pads = [int(cu_q[i]) for i, s in enumerate(scheduled) if s.is_pad]
             slots[pads] = -1  # pad rows re-read cached K/V and write none
-        views = self._to_device(staged, sizes)
+        views = dict(zip(SEGMENTS, self._to_device(staged, sizes), strict=True))
         meta = AttentionMetadata(
-            positions=views[1], slot_mapping=views[2], cu_seqlens_q=views[3],
-            cu_seqlens_k=views[4], context_lens=views[5],
-            block_tables=views[7].view(num_seqs, width),  # [num_seqs, width]
-            num_decode_seqs=num_decode, logits_indices=views[6],
+            positions=views["positions"], slot_mapping=views["slot_mapping"],
+            cu_seqlens_q=views["cu_seqlens_q"], cu_seqlens_k=views["cu_seqlens_k"],
+            context_lens=views["context_lens"],
+            block_tables=views["block_tables"].view(num_seqs, width),  # [num_seqs, width]
+            num_decode_seqs=num_decode, logits_indices=views["logits_indices"],
         )
-        return views[0], meta
+        return views["input_ids"], meta
 
     def _staging(self, numel: int) -> torch.Tensor:
         """The host buffer of this step: a fresh array on the CPU; on CUDA the next pinned
@@ -109,7 +110,7 @@ class StepInputs:
         turn = self._turn = 1 - self._turn
         copied = self._copied[turn]
         if copied is not None:
-            copied.synchronize()  # the copy two steps ago is long done: the device is ahead of it
+            copied.synchronize()  # the copy that read it two steps ago (done unless the host ran ahead)
         host = self._host[turn]
         if host is None or host.numel() < numel:
             size = numel if host is None else max(numel, 2 * host.numel())
